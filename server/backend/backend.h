@@ -1,0 +1,83 @@
+#ifndef TESSERA_SERVER_BACKEND_BACKEND_H_
+#define TESSERA_SERVER_BACKEND_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/core/tenant.h"
+
+namespace tessera {
+
+/// How a tenant's work is isolated; mirrors tessera.v1.ContextKind.
+enum class ContextKind { kCpu, kMps, kFallback, kGreen };
+
+absl::string_view ContextKindName(ContextKind kind);
+
+struct ContextInfo {
+  ContextKind kind = ContextKind::kCpu;
+  /// Why this kind was obtained, for people (API and logs).
+  std::string reason;
+  /// False when the compute share is advisory only.
+  bool compute_share_enforced = false;
+};
+
+/// Whether tenant contexts use MPS; mirrors tessera.v1.MpsDecision.
+enum class MpsDecision { kMps, kFallback, kNotApplicable };
+
+struct MpsState {
+  MpsDecision decision = MpsDecision::kNotApplicable;
+  std::string reason;
+};
+
+/// A device tenants can be placed on.
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  uint64_t memory_bytes = 0;
+  /// Most contexts the device admits (48 MPS clients on Volta and later); 0: no limit.
+  uint32_t context_limit = 0;
+  /// SMs (GPU) or worker threads (CPU).
+  uint32_t compute_units = 0;
+};
+
+struct ContextRequest {
+  std::string tenant_id;
+  Quota quota;
+  int device_index = 0;
+};
+
+/// A tenant's execution context. Owned by the tenant table for the tenant's lifetime;
+/// destroying it releases every resource the tenant holds on the device.
+class TenantContext {
+ public:
+  virtual ~TenantContext() = default;
+  /// Fixed for the context's lifetime. Thread-safe.
+  virtual const ContextInfo& info() const = 0;
+};
+
+/// The execution backend: the CPU backend here, the CUDA module where a driver exists.
+/// Owned by the Server; every other component holds a non-owning pointer that must not
+/// outlive it. All methods are thread-safe.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  /// "cpu" or "cuda".
+  virtual absl::string_view name() const = 0;
+  /// Devices, indexed 0..n-1. Fixed for the backend's lifetime.
+  virtual const std::vector<DeviceInfo>& devices() const = 0;
+  virtual MpsState mps() const = 0;
+
+  /// Creates a context for a tenant already admitted to `request.device_index`.
+  /// UNAVAILABLE when the device cannot create one now.
+  virtual absl::StatusOr<std::unique_ptr<TenantContext>> CreateContext(
+      const ContextRequest& request) = 0;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_BACKEND_BACKEND_H_

@@ -1,0 +1,44 @@
+#ifndef TESSERA_SERVER_BACKEND_CPU_CPU_BACKEND_H_
+#define TESSERA_SERVER_BACKEND_CPU_CPU_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/backend/backend.h"
+
+namespace tessera {
+
+/// The CPU backend: one device ("cpu") whose capacity is a configured amount of host
+/// memory; a tenant's compute share is its weight in the shared worker pool.
+class CpuBackend final : public Backend {
+ public:
+  struct Options {
+    /// Host memory tenants may reserve, bytes (> 0).
+    uint64_t memory_bytes = 0;
+    /// Worker threads (> 0).
+    uint32_t worker_threads = 1;
+    /// Why the CPU backend serves, e.g. "--backend=cpu"; reported in each context.
+    std::string reason;
+  };
+
+  explicit CpuBackend(Options options);
+
+  absl::string_view name() const override { return "cpu"; }
+  const std::vector<DeviceInfo>& devices() const override { return devices_; }
+  MpsState mps() const override;
+  absl::StatusOr<std::unique_ptr<TenantContext>> CreateContext(
+      const ContextRequest& request) override;
+
+ private:
+  const Options options_;
+  const std::vector<DeviceInfo> devices_;
+};
+
+/// Physical memory of this host in bytes (0 if unknown).
+uint64_t PhysicalMemoryBytes();
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_BACKEND_CPU_CPU_BACKEND_H_

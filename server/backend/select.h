@@ -1,0 +1,37 @@
+#ifndef TESSERA_SERVER_BACKEND_SELECT_H_
+#define TESSERA_SERVER_BACKEND_SELECT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/backend/backend.h"
+
+namespace tessera {
+
+struct BackendOptions {
+  /// "auto", "cpu" or "cuda".
+  std::string backend = "auto";
+  /// "auto", "require" or "off".
+  std::string mps = "auto";
+  /// CPU backend capacity in bytes; 0: half of physical memory.
+  uint64_t cpu_memory_bytes = 0;
+  /// CPU worker threads; 0: one per hardware thread.
+  uint32_t cpu_threads = 0;
+};
+
+struct BackendChoice {
+  std::unique_ptr<Backend> backend;
+  /// Why this backend, for the log and GetServerInfo.
+  std::string reason;
+};
+
+/// Picks the backend that fits the host and the flags. `cuda` without a usable CUDA
+/// backend, or `--mps=require` without MPS, is FAILED_PRECONDITION with the reason; `auto`
+/// falls back to the CPU backend and says why. Bad flag values are INVALID_ARGUMENT.
+absl::StatusOr<BackendChoice> SelectBackend(const BackendOptions& options);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_BACKEND_SELECT_H_

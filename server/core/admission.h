@@ -1,0 +1,38 @@
+#ifndef TESSERA_SERVER_CORE_ADMISSION_H_
+#define TESSERA_SERVER_CORE_ADMISSION_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/backend/backend.h"
+
+namespace tessera {
+
+/// A device with what is already placed on it.
+struct DeviceLoad {
+  DeviceInfo device;
+  uint64_t reserved_bytes = 0;
+  uint32_t contexts = 0;
+};
+
+/// capacity × overcommit, rounded down, saturating at UINT64_MAX.
+uint64_t ReservableBytes(uint64_t capacity_bytes, double overcommit);
+
+/// Chooses the device for a new tenant reserving `request_bytes`: `requested_device` when
+/// given, otherwise the device with the most unreserved memory that still has a free
+/// context slot. Pure arithmetic, no side effects.
+///
+/// INVALID_ARGUMENT when `requested_device` is out of range; RESOURCE_EXHAUSTED (with the
+/// numbers) when the memory reservation or the device's context limit would be exceeded.
+absl::StatusOr<int> ChooseDevice(const std::vector<DeviceLoad>& devices, double overcommit,
+                                 uint64_t request_bytes, std::optional<int> requested_device);
+
+/// "8.00 GiB (8589934592 bytes)".
+std::string FormatBytes(uint64_t bytes);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_CORE_ADMISSION_H_

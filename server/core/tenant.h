@@ -1,0 +1,55 @@
+#ifndef TESSERA_SERVER_CORE_TENANT_H_
+#define TESSERA_SERVER_CORE_TENANT_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "server/core/token.h"
+
+namespace tessera {
+
+enum class Priority { kNormal = 1, kLow = 2 };
+
+/// A tenant's resource limits. Immutable once the tenant is registered.
+struct Quota {
+  uint64_t device_memory_bytes = 0;
+  uint32_t compute_share_percent = 0;
+  uint32_t max_streams = 0;
+  uint32_t max_queued_jobs = 0;
+  Priority priority = Priority::kNormal;
+
+  friend bool operator==(const Quota&, const Quota&) = default;
+};
+
+using Labels = std::map<std::string, std::string>;
+
+/// What an operator asks for when registering a tenant (validated by ValidateTenantSpec).
+struct TenantSpec {
+  std::string id;
+  std::string display_name;
+  Labels labels;
+  Quota quota;
+  std::optional<int> device_index;
+};
+
+/// The durable part of a tenant: exactly what the store keeps.
+struct TenantRecord {
+  std::string id;
+  std::string display_name;
+  Labels labels;
+  Quota quota;
+  int device_index = 0;
+  absl::Time create_time;
+  absl::Time update_time;
+  absl::Time key_create_time;
+  KeyHash key_hash{};
+
+  friend bool operator==(const TenantRecord&, const TenantRecord&) = default;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_CORE_TENANT_H_

@@ -1,0 +1,260 @@
+#include "server/core/tenant_table.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
+#include "server/core/token.h"
+#include "server/core/validation.h"
+#include "server/common/logging.h"
+#include "spdlog/spdlog.h"
+
+namespace tessera {
+
+absl::StatusOr<std::unique_ptr<TenantTable>> TenantTable::Create(Options options,
+                                                                 TenantStore* store,
+                                                                 Backend* backend) {
+  if (!(options.memory_overcommit > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory_overcommit is ", options.memory_overcommit, "; it must be > 0"));
+  }
+  std::unique_ptr<TenantTable> table(new TenantTable(options, store, backend));
+  RETURN_IF_ERROR(table->Restore());
+  return table;
+}
+
+TenantTable::~TenantTable() { ReleaseContexts(); }
+
+absl::Status TenantTable::QuotaImmutableError(absl::string_view id) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "quota of tenant \"", id,
+      "\" is immutable once registered; to change it, deregister the tenant and register it "
+      "again with the new quota (its tensors are released)"));
+}
+
+TenantView TenantTable::ViewOf(const Entry& entry) {
+  return TenantView{entry.record, entry.context->info()};
+}
+
+absl::Status TenantTable::Restore() {
+  absl::MutexLock mutation(&mutation_mu_);
+  ASSIGN_OR_RETURN(std::vector<TenantRecord> records, store_->LoadAll());
+  const std::vector<DeviceInfo>& devices = backend_->devices();
+  for (TenantRecord& record : records) {
+    if (record.device_index < 0 || static_cast<size_t>(record.device_index) >= devices.size()) {
+      // The device is gone (e.g. a GPU removed): place the tenant again and persist it.
+      std::vector<DeviceLoad> loads;
+      {
+        absl::ReaderMutexLock lock(&mu_);
+        loads = DeviceLoadsLocked();
+      }
+      absl::StatusOr<int> device = ChooseDevice(loads, options_.memory_overcommit,
+                                                record.quota.device_memory_bytes, std::nullopt);
+      int placed = device.ok() ? *device : 0;
+      spdlog::warn("restore: tenant {} was on device {}, which this host does not have; "
+                   "placing it on device {}{}",
+                   record.id, record.device_index, placed,
+                   device.ok() ? "" : absl::StrCat(" although ", device.status().message()));
+      record.device_index = placed;
+      RETURN_IF_ERROR(store_->Update(record));
+    }
+    absl::StatusOr<std::unique_ptr<TenantContext>> context = backend_->CreateContext(
+        ContextRequest{record.id, record.quota, record.device_index});
+    if (!context.ok()) {
+      return absl::Status(context.status().code(),
+                          absl::StrCat("restore: cannot rebuild the context of tenant \"",
+                                       record.id, "\": ", context.status().message()));
+    }
+    auto entry = std::make_unique<Entry>();
+    entry->record = std::move(record);
+    entry->context = *std::move(context);
+    absl::MutexLock lock(&mu_);
+    std::string id = entry->record.id;
+    tenants_.emplace(std::move(id), std::move(entry));
+  }
+  absl::ReaderMutexLock lock(&mu_);
+  for (const DeviceLoad& load : DeviceLoadsLocked()) {
+    uint64_t reservable = ReservableBytes(load.device.memory_bytes, options_.memory_overcommit);
+    if (load.reserved_bytes > reservable) {
+      spdlog::warn("restore: device {} has {} reserved but only {} reservable; new "
+                   "registrations on it will be refused until tenants leave",
+                   load.device.index, FormatBytes(load.reserved_bytes), FormatBytes(reservable));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TenantTable::Registered> TenantTable::Register(TenantSpec spec) {
+  ASSIGN_OR_RETURN(spec, ValidateTenantSpec(std::move(spec)));
+  absl::MutexLock mutation(&mutation_mu_);
+  std::vector<DeviceLoad> loads;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (released_) return absl::UnavailableError("the server is shutting down");
+    if (tenants_.contains(spec.id)) {
+      return absl::AlreadyExistsError(absl::StrCat("tenant_id \"", spec.id, "\" is taken"));
+    }
+    loads = DeviceLoadsLocked();
+  }
+  ASSIGN_OR_RETURN(int device, ChooseDevice(loads, options_.memory_overcommit,
+                                            spec.quota.device_memory_bytes, spec.device_index));
+  ASSIGN_OR_RETURN(std::string api_key, NewTenantKey(spec.id));
+
+  absl::Time now = absl::Now();
+  auto entry = std::make_unique<Entry>();
+  entry->record = TenantRecord{.id = spec.id,
+                               .display_name = std::move(spec.display_name),
+                               .labels = std::move(spec.labels),
+                               .quota = spec.quota,
+                               .device_index = device,
+                               .create_time = now,
+                               .update_time = now,
+                               .key_create_time = now,
+                               .key_hash = HashCredential(api_key)};
+  // Context first: a committed tenant always has one. If the commit fails, the context is
+  // destroyed with `entry` and nothing was recorded.
+  ASSIGN_OR_RETURN(entry->context, backend_->CreateContext(
+                                       ContextRequest{spec.id, spec.quota, device}));
+  RETURN_IF_ERROR(store_->Insert(entry->record));
+
+  Registered result{ViewOf(*entry), std::move(api_key)};
+  absl::MutexLock lock(&mu_);
+  tenants_.emplace(spec.id, std::move(entry));
+  return result;
+}
+
+absl::StatusOr<TenantView> TenantTable::Get(absl::string_view id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = tenants_.find(id);
+  if (it == tenants_.end()) {
+    return absl::NotFoundError(absl::StrCat("tenant \"", id, "\" not found"));
+  }
+  return ViewOf(*it->second);
+}
+
+TenantTable::Page TenantTable::List(absl::string_view after, size_t limit) const {
+  Page page;
+  absl::ReaderMutexLock lock(&mu_);
+  page.total = tenants_.size();
+  auto it = after.empty() ? tenants_.begin() : tenants_.upper_bound(after);
+  for (; it != tenants_.end() && page.tenants.size() < limit; ++it) {
+    page.tenants.push_back(ViewOf(*it->second));
+  }
+  if (it != tenants_.end() && !page.tenants.empty()) page.last_id = page.tenants.back().record.id;
+  return page;
+}
+
+absl::StatusOr<TenantRecord> TenantTable::RecordOf(absl::string_view id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (released_) return absl::UnavailableError("the server is shutting down");
+  auto it = tenants_.find(id);
+  if (it == tenants_.end()) {
+    return absl::NotFoundError(absl::StrCat("tenant \"", id, "\" not found"));
+  }
+  return it->second->record;
+}
+
+absl::StatusOr<TenantView> TenantTable::Update(absl::string_view id,
+                                               const MetadataUpdate& update) {
+  absl::MutexLock mutation(&mutation_mu_);
+  ASSIGN_OR_RETURN(TenantRecord record, RecordOf(id));
+  if (update.quota_named) return QuotaImmutableError(id);
+  if (update.quota.has_value()) {
+    absl::StatusOr<Quota> sent = NormalizeQuota(*update.quota);
+    if (!sent.ok() || *sent != record.quota) return QuotaImmutableError(id);
+  }
+  if (update.display_name.has_value()) {
+    RETURN_IF_ERROR(ValidateDisplayName(*update.display_name));
+    record.display_name = *update.display_name;
+  }
+  if (update.labels.has_value()) {
+    RETURN_IF_ERROR(ValidateLabels(*update.labels));
+    record.labels = *update.labels;
+  }
+  record.update_time = absl::Now();
+  RETURN_IF_ERROR(store_->Update(record));
+
+  absl::MutexLock lock(&mu_);
+  auto it = tenants_.find(id);
+  it->second->record = std::move(record);  // present: mutations are serialized
+  return ViewOf(*it->second);
+}
+
+absl::StatusOr<TenantTable::Deregistered> TenantTable::Deregister(absl::string_view id) {
+  absl::MutexLock mutation(&mutation_mu_);
+  RETURN_IF_ERROR(RecordOf(id).status());
+  RETURN_IF_ERROR(store_->Delete(id));
+  std::unique_ptr<Entry> entry;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tenants_.find(id);
+    entry = std::move(it->second);
+    tenants_.erase(it);
+  }
+  Deregistered result{ViewOf(*entry), entry->record.quota.device_memory_bytes};
+  entry.reset();  // releases the context outside mu_
+  return result;
+}
+
+absl::StatusOr<TenantTable::RotatedKey> TenantTable::RotateKey(absl::string_view id) {
+  absl::MutexLock mutation(&mutation_mu_);
+  ASSIGN_OR_RETURN(TenantRecord record, RecordOf(id));
+  ASSIGN_OR_RETURN(std::string api_key, NewTenantKey(id));
+  record.key_hash = HashCredential(api_key);
+  record.key_create_time = absl::Now();
+  RETURN_IF_ERROR(store_->Update(record));
+
+  RotatedKey result{std::move(api_key), record.key_create_time};
+  absl::MutexLock lock(&mu_);
+  tenants_.find(id)->second->record = std::move(record);
+  return result;
+}
+
+absl::StatusOr<std::string> TenantTable::AuthenticateKey(absl::string_view key) const {
+  static constexpr char kRefused[] =
+      "invalid tenant API key (expected \"authorization: Bearer tsk_<tenant>.<secret>\")";
+  absl::string_view id = TenantIdOfKey(key);
+  if (id.empty()) return absl::UnauthenticatedError(kRefused);
+  KeyHash hash = HashCredential(key);
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = tenants_.find(id);
+  if (it == tenants_.end() || !HashesEqual(hash, it->second->record.key_hash)) {
+    return absl::UnauthenticatedError(kRefused);
+  }
+  return it->first;
+}
+
+std::vector<DeviceLoad> TenantTable::DeviceLoadsLocked() const {
+  std::vector<DeviceLoad> loads;
+  for (const DeviceInfo& device : backend_->devices()) loads.push_back(DeviceLoad{device});
+  for (const auto& [id, entry] : tenants_) {
+    int index = entry->record.device_index;
+    if (index < 0 || static_cast<size_t>(index) >= loads.size()) continue;
+    loads[index].reserved_bytes += entry->record.quota.device_memory_bytes;
+    loads[index].contexts += 1;
+  }
+  return loads;
+}
+
+std::vector<DeviceLoad> TenantTable::DeviceLoads() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return DeviceLoadsLocked();
+}
+
+size_t TenantTable::size() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return tenants_.size();
+}
+
+void TenantTable::ReleaseContexts() {
+  absl::MutexLock mutation(&mutation_mu_);
+  std::map<std::string, std::unique_ptr<Entry>, std::less<>> released;
+  {
+    absl::MutexLock lock(&mu_);
+    released_ = true;
+    released.swap(tenants_);
+  }
+  // Destroyed here, outside mu_.
+}
+
+}  // namespace tessera

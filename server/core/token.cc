@@ -1,0 +1,53 @@
+#include "server/core/token.h"
+
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace tessera {
+
+absl::StatusOr<std::string> RandomToken(size_t n) {
+  std::string bytes(n, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(bytes.data()), static_cast<int>(n)) != 1) {
+    return absl::InternalError("RAND_bytes failed: the OS random source is unavailable");
+  }
+  return absl::WebSafeBase64Escape(bytes);  // base64url, no padding
+}
+
+KeyHash HashCredential(absl::string_view credential) {
+  KeyHash out;
+  SHA256(reinterpret_cast<const unsigned char*>(credential.data()), credential.size(),
+         out.data());
+  return out;
+}
+
+bool HashesEqual(const KeyHash& a, const KeyHash& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+absl::StatusOr<std::string> NewTenantKey(absl::string_view tenant_id) {
+  absl::StatusOr<std::string> secret = RandomToken(kSecretBytes);
+  if (!secret.ok()) return secret.status();
+  return absl::StrCat(kTenantKeyPrefix, tenant_id, ".", *secret);
+}
+
+absl::string_view TenantIdOfKey(absl::string_view key) {
+  if (key.substr(0, kTenantKeyPrefix.size()) != kTenantKeyPrefix) return {};
+  key.remove_prefix(kTenantKeyPrefix.size());
+  size_t dot = key.find('.');
+  if (dot == absl::string_view::npos || dot == 0) return {};
+  return key.substr(0, dot);
+}
+
+std::string HexOf(const KeyHash& hash) {
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(hash.data()), hash.size()));
+}
+
+}  // namespace tessera

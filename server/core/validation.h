@@ -1,0 +1,46 @@
+#ifndef TESSERA_SERVER_CORE_VALIDATION_H_
+#define TESSERA_SERVER_CORE_VALIDATION_H_
+
+#include <cstdint>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/core/tenant.h"
+
+namespace tessera {
+
+// Limits of the tenant model. The proto comments (proto/tessera/v1/tenant_admin.proto)
+// state the same numbers; keep them in step.
+inline constexpr uint64_t kMinDeviceMemoryBytes = uint64_t{1} << 20;  // 1 MiB
+inline constexpr uint64_t kMaxDeviceMemoryBytes = uint64_t{1} << 50;  // 1 PiB
+inline constexpr uint32_t kDefaultComputeSharePercent = 100;
+inline constexpr uint32_t kMaxComputeSharePercent = 100;
+inline constexpr uint32_t kDefaultMaxStreams = 4;
+inline constexpr uint32_t kMaxStreams = 64;
+inline constexpr uint32_t kDefaultMaxQueuedJobs = 1024;
+inline constexpr uint32_t kMaxQueuedJobs = 65536;
+inline constexpr size_t kMaxTenantIdLength = 63;
+inline constexpr size_t kMaxDisplayNameBytes = 256;
+inline constexpr size_t kMaxLabels = 64;
+inline constexpr size_t kMaxLabelKeyLength = 63;
+inline constexpr size_t kMaxLabelValueBytes = 256;
+
+/// INVALID_ARGUMENT naming `field` unless `id` is a DNS label (1..63 of [a-z0-9-],
+/// starting and ending with a letter or digit).
+absl::Status ValidateTenantId(absl::string_view id, absl::string_view field = "tenant_id");
+
+absl::Status ValidateDisplayName(absl::string_view name);
+absl::Status ValidateLabels(const Labels& labels);
+
+/// Fills the defaults of unset (zero) fields, then checks every field's range. The result
+/// is what gets stored; errors are INVALID_ARGUMENT naming the field and its limit.
+absl::StatusOr<Quota> NormalizeQuota(const Quota& requested);
+
+/// Validates a whole registration (id, name, labels, quota) and returns it with the quota
+/// normalized. Device placement is checked by admission, which knows the devices.
+absl::StatusOr<TenantSpec> ValidateTenantSpec(TenantSpec spec);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_CORE_VALIDATION_H_

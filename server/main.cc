@@ -1,0 +1,125 @@
+// tessera-server: serves the Tessera gRPC API. See README.md for the flags.
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "server/common/byte_size.h"
+#include "server/common/logging.h"
+#include "server/server.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "host:port to serve on (port 0: any free port)");
+ABSL_FLAG(std::string, state_dir, "./var", "Directory for the tenant table and admin token");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "Admin token file (default STATE_DIR/admin.token, created 0600 when absent); the "
+          "TESSERA_ADMIN_TOKEN environment variable overrides it");
+ABSL_FLAG(std::string, backend, "auto", "Execution backend: auto, cpu or cuda");
+ABSL_FLAG(std::string, mps, "auto", "MPS use: auto, require or off");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (enables TLS with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients must present a "
+                                          "certificate it signed (mutual TLS)");
+ABSL_FLAG(std::string, log_format, "text", "Log format: text or json");
+ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error, off");
+ABSL_FLAG(tessera::ByteSize, max_message_bytes, tessera::ByteSize{64 << 20},
+          "Largest gRPC message in either direction (64KiB..2GiB-1)");
+ABSL_FLAG(double, memory_overcommit, 1.0,
+          "Admission: reserved memory per device may reach capacity x this (0.01..100)");
+ABSL_FLAG(tessera::ByteSize, cpu_memory_bytes, tessera::ByteSize{0},
+          "CPU backend capacity, e.g. 8GiB (0: half of physical memory)");
+ABSL_FLAG(uint32_t, cpu_threads, 0, "CPU backend worker threads (0: one per hardware thread)");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::ZeroDuration(),
+          "On SIGTERM: time health reports NOT_SERVING before the port closes");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
+          "On SIGTERM: longest wait for in-flight calls before they are cancelled");
+
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "tessera-server: %s\n", std::string(status.message()).c_str());
+  return absl::IsInvalidArgument(status) ? 2 : 1;
+}
+
+std::string GrpcurlHost(const std::string& listen, int port) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
+  return absl::StrCat(host, ":", port);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves the Tessera multi-tenant GPU API.\n  tessera-server [--listen=127.0.0.1:50051] "
+      "[--state_dir=./var] [--backend=auto|cpu|cuda] ...");
+  absl::ParseCommandLine(argc, argv);
+
+  // Signals are taken synchronously by the main thread; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  umask(077);  // state files hold credentials (hashes) and the admin token
+
+  if (absl::Status s = tessera::InitLogging(absl::GetFlag(FLAGS_log_format),
+                                            absl::GetFlag(FLAGS_log_level));
+      !s.ok()) {
+    return Fail(s);
+  }
+
+  tessera::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.admin_token_file = absl::GetFlag(FLAGS_admin_token_file);
+  if (const char* env = std::getenv("TESSERA_ADMIN_TOKEN")) options.admin_token_env = env;
+  options.backend.backend = absl::GetFlag(FLAGS_backend);
+  options.backend.mps = absl::GetFlag(FLAGS_mps);
+  options.backend.cpu_memory_bytes = absl::GetFlag(FLAGS_cpu_memory_bytes).bytes;
+  options.backend.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  uint64_t max_message = absl::GetFlag(FLAGS_max_message_bytes).bytes;
+  options.max_message_bytes = max_message > uint64_t{1} << 40 ? int64_t{1} << 40
+                                                                : static_cast<int64_t>(max_message);
+  options.memory_overcommit = absl::GetFlag(FLAGS_memory_overcommit);
+  options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+
+  absl::StatusOr<std::unique_ptr<tessera::Server>> server =
+      tessera::Server::Create(std::move(options));
+  if (!server.ok()) return Fail(server.status());
+  if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
+
+  // The banner goes to stdout (logs go to stderr); tests wait for its first line.
+  const tessera::AdminCredential& admin = (*server)->admin_credential();
+  std::string address = GrpcurlHost(absl::GetFlag(FLAGS_listen), (*server)->port());
+  bool from_file = admin.source != "$TESSERA_ADMIN_TOKEN";
+  std::string security = (*server)->transport_security() == "insecure"
+                             ? "-plaintext"
+                             : "-cacert CA.pem";  // the operator knows their CA
+  std::cout << "tessera-server listening on " << address << " (" << (*server)->backend_reason()
+            << ")\n"
+            << "admin token: " << admin.source << (admin.created ? " (generated now)" : "")
+            << "\n"
+            << "try: grpcurl " << security << " -H \"authorization: Bearer "
+            << (from_file ? absl::StrCat("$(cat ", admin.source, ")") : "$TESSERA_ADMIN_TOKEN")
+            << "\" " << address << " tessera.v1.TenantAdmin/GetServerInfo" << std::endl;
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("received {}; shutting down", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+  (*server)->Shutdown();
+  return 0;
+}

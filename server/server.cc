@@ -1,0 +1,194 @@
+#include "server/server.h"
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/common/serial_executor.h"
+#include "server/common/status_macros.h"
+#include "server/core/admission.h"
+#include "server/core/tenant_table.h"
+#include "server/service/auth.h"
+#include "server/service/compute_service.h"
+#include "server/service/tenant_admin_service.h"
+#include "server/store/state_dir.h"
+#include "server/store/tenant_store.h"
+#include "server/common/logging.h"
+#include "spdlog/spdlog.h"
+
+namespace tessera {
+namespace {
+
+constexpr size_t kMaxPendingMutations = 256;
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::FailedPreconditionError(absl::StrCat(flag, "=", path, ": cannot read"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  if (buffer.str().find("-----BEGIN") == std::string::npos) {
+    return absl::FailedPreconditionError(absl::StrCat(flag, "=", path, ": not a PEM file"));
+  }
+  return buffer.str();
+}
+
+bool IsLoopback(absl::string_view listen) {
+  return absl::StartsWith(listen, "127.") || absl::StartsWith(listen, "localhost:") ||
+         absl::StartsWith(listen, "[::1]:");
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key must be given together");
+  }
+  if (options.tls_cert.empty()) {
+    if (!options.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_client_ca (mutual TLS) needs --tls_cert and --tls_key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  ASSIGN_OR_RETURN(std::string cert, ReadPem(options.tls_cert, "--tls_cert"));
+  ASSIGN_OR_RETURN(std::string key, ReadPem(options.tls_key, "--tls_key"));
+  grpc::SslServerCredentialsOptions ssl(
+      options.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                    : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  if (!options.tls_client_ca.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_client_ca, "--tls_client_ca"));
+  }
+  ssl.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+absl::string_view TesseraVersion() { return TESSERA_VERSION; }
+
+Server::Server(ServerOptions options) : options_(std::move(options)) {}
+
+Server::~Server() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
+  if (options.max_message_bytes < kMinMessageBytes ||
+      options.max_message_bytes > kMaxMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes=",
+                                                   options.max_message_bytes, ": the range is ",
+                                                   kMinMessageBytes, "..", kMaxMessageBytes));
+  }
+  if (!(options.memory_overcommit >= 0.01 && options.memory_overcommit <= 100)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--memory_overcommit=", options.memory_overcommit, ": the range is 0.01..100"));
+  }
+  if (options.drain_timeout < absl::ZeroDuration() ||
+      options.shutdown_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--drain_timeout and --shutdown_grace must be >= 0");
+  }
+  if (options.listen.empty()) return absl::InvalidArgumentError("--listen is empty");
+  if (options.admin_token_file.empty()) {
+    options.admin_token_file = options.state_dir + "/admin.token";
+  }
+
+  std::unique_ptr<Server> server(new Server(std::move(options)));
+  const ServerOptions& opts = server->options_;
+  server->transport_security_ =
+      opts.tls_cert.empty() ? "insecure" : (opts.tls_client_ca.empty() ? "tls" : "mtls");
+
+  ASSIGN_OR_RETURN(server->state_dir_, StateDir::Open(opts.state_dir));
+  ASSIGN_OR_RETURN(server->admin_,
+                   LoadOrCreateAdminToken(opts.admin_token_file, opts.admin_token_env));
+  if (!server->admin_.warning.empty()) spdlog::warn("{}", server->admin_.warning);
+
+  ASSIGN_OR_RETURN(BackendChoice choice, SelectBackend(opts.backend));
+  server->backend_ = std::move(choice.backend);
+  server->backend_reason_ = std::move(choice.reason);
+  spdlog::info("backend {}: {}", server->backend_->name(), server->backend_reason_);
+  for (const DeviceInfo& d : server->backend_->devices()) {
+    spdlog::info("device {}: {}, {}", d.index, d.name, FormatBytes(d.memory_bytes));
+  }
+  spdlog::info("mps: {}", server->backend_->mps().reason);
+
+  ASSIGN_OR_RETURN(server->store_, TenantStore::Open(server->state_dir_->File("tenants.db")));
+  ASSIGN_OR_RETURN(server->tenants_,
+                   TenantTable::Create({.memory_overcommit = opts.memory_overcommit},
+                                       server->store_.get(), server->backend_.get()));
+  spdlog::info("restored {} tenant(s) from {}", server->tenants_->size(),
+               server->state_dir_->File("tenants.db"));
+
+  server->authenticator_ =
+      std::make_unique<Authenticator>(server->admin_.hash, server->tenants_.get());
+  server->mutations_ = std::make_unique<SerialExecutor>("admin mutations", kMaxPendingMutations);
+  server->admin_service_ = std::make_unique<TenantAdminService>(
+      server->tenants_.get(), server->backend_.get(), server->authenticator_.get(),
+      server->mutations_.get(),
+      ServerFacts{.version = std::string(TesseraVersion()),
+                  .backend_reason = server->backend_reason_,
+                  .transport_security = server->transport_security_,
+                  .memory_overcommit = opts.memory_overcommit,
+                  .start_time = absl::Now()});
+  server->compute_service_ = std::make_unique<ComputeService>(server->authenticator_.get());
+  return server;
+}
+
+absl::Status Server::Start() {
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   MakeCredentials(options_));
+  if (transport_security_ == "insecure" && !IsLoopback(options_.listen)) {
+    spdlog::warn("serving without TLS on {}: credentials cross the network in clear text; "
+                 "set --tls_cert/--tls_key",
+                 options_.listen);
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.listen, credentials, &port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
+  builder.RegisterService(admin_service_.get());
+  builder.RegisterService(compute_service_.get());
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || port_ == 0) {
+    grpc_server_.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options_.listen, " (address in use, or not a local address?)"));
+  }
+  grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+  health->SetServingStatus(true);
+  health->SetServingStatus("tessera.v1.TenantAdmin", true);
+  health->SetServingStatus("tessera.v1.Compute", true);
+  spdlog::info("serving on port {} ({}), tessera {}", port_, transport_security_,
+               TesseraVersion());
+  return absl::OkStatus();
+}
+
+void Server::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (grpc_server_ != nullptr) {
+    // 1. Health NOT_SERVING (overall and per service), then give load balancers time.
+    grpc_server_->GetHealthCheckService()->Shutdown();
+    spdlog::info("shutting down: health NOT_SERVING");
+    if (options_.shutdown_grace > absl::ZeroDuration()) absl::SleepFor(options_.shutdown_grace);
+    // 2. Stop accepting; in-flight calls get drain_timeout, then are cancelled.
+    grpc_server_->Shutdown(std::chrono::system_clock::now() +
+                           absl::ToChronoMilliseconds(options_.drain_timeout));
+    grpc_server_->Wait();
+  }
+  // 3-4. Queued work is drained and the workers joined.
+  if (mutations_ != nullptr) mutations_->Stop();
+  // 5. Tenant contexts released.
+  if (tenants_ != nullptr) tenants_->ReleaseContexts();
+  // 6. The store closed, then the state directory unlocked.
+  tenants_.reset();
+  store_.reset();
+  state_dir_.reset();
+  spdlog::info("shutdown complete");
+}
+
+size_t Server::tenant_count() const { return tenants_ == nullptr ? 0 : tenants_->size(); }
+
+}  // namespace tessera

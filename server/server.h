@@ -1,0 +1,106 @@
+#ifndef TESSERA_SERVER_SERVER_H_
+#define TESSERA_SERVER_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "server/backend/select.h"
+#include "server/core/admin_token.h"
+
+namespace tessera {
+
+class Authenticator;
+class ComputeService;
+class SerialExecutor;
+class StateDir;
+class TenantAdminService;
+class TenantStore;
+class TenantTable;
+
+struct ServerOptions {
+  /// host:port to listen on; port 0 picks a free one (see Server::port()).
+  std::string listen = "127.0.0.1:50051";
+  std::string state_dir = "./var";
+  /// Empty: <state_dir>/admin.token.
+  std::string admin_token_file;
+  /// The value of TESSERA_ADMIN_TOKEN (overrides the file when non-empty).
+  std::string admin_token_env;
+  BackendOptions backend;
+  /// PEM files; cert and key together enable TLS, client_ca adds mutual TLS.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  /// Largest message either way, bytes.
+  int64_t max_message_bytes = 64 << 20;
+  double memory_overcommit = 1.0;
+  /// Time between health NOT_SERVING and closing the port, for load balancers to notice.
+  absl::Duration shutdown_grace = absl::ZeroDuration();
+  /// Longest wait for in-flight calls at shutdown before they are cancelled.
+  absl::Duration drain_timeout = absl::Seconds(10);
+};
+
+inline constexpr int64_t kMinMessageBytes = 64 << 10;
+inline constexpr int64_t kMaxMessageBytes = (int64_t{1} << 31) - 1;
+
+/// The Tessera server: owns every component and wires them together.
+///
+/// Create() validates the options and opens state (state dir lock, admin credential,
+/// backend, durable tenant table with contexts restored); Start() serves; Shutdown() stops
+/// in one fixed order. Not copyable; Start/Shutdown from one controlling thread.
+class Server {
+ public:
+  static absl::StatusOr<std::unique_ptr<Server>> Create(ServerOptions options);
+  /// Shuts down if still running.
+  ~Server();
+
+  /// Binds and serves. UNAVAILABLE when the address cannot be bound.
+  absl::Status Start();
+
+  /// Stops, in order: health NOT_SERVING; wait shutdown_grace; stop accepting calls and
+  /// drain in-flight ones (cancelled after drain_timeout); finish queued admin work; release
+  /// tenant contexts; close the store. Idempotent.
+  void Shutdown();
+
+  /// The bound port (after Start).
+  int port() const { return port_; }
+  const AdminCredential& admin_credential() const { return admin_; }
+  const std::string& backend_reason() const { return backend_reason_; }
+  /// "insecure", "tls" or "mtls".
+  const std::string& transport_security() const { return transport_security_; }
+  size_t tenant_count() const;
+
+ private:
+  explicit Server(ServerOptions options);
+
+  const ServerOptions options_;
+  std::string transport_security_;
+  std::string backend_reason_;
+  AdminCredential admin_;
+  int port_ = 0;
+  bool shut_down_ = false;
+
+  // Declared in dependency order: destroyed in reverse.
+  std::unique_ptr<StateDir> state_dir_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<TenantStore> store_;
+  std::unique_ptr<TenantTable> tenants_;
+  std::unique_ptr<Authenticator> authenticator_;
+  std::unique_ptr<SerialExecutor> mutations_;
+  std::unique_ptr<TenantAdminService> admin_service_;
+  std::unique_ptr<ComputeService> compute_service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+};
+
+/// The version string reported by GetServerInfo and --version.
+absl::string_view TesseraVersion();
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SERVER_H_

@@ -1,0 +1,38 @@
+#ifndef TESSERA_SERVER_SERVICE_AUTH_H_
+#define TESSERA_SERVER_SERVICE_AUTH_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "server/core/tenant_table.h"
+#include "server/core/token.h"
+
+namespace tessera {
+
+/// Checks `authorization: Bearer <token>` metadata against the admin credential and the
+/// tenant keys. Thread-safe; `tenants` is not owned and must outlive it.
+class Authenticator {
+ public:
+  Authenticator(KeyHash admin_hash, const TenantTable* tenants)
+      : admin_hash_(admin_hash), tenants_(tenants) {}
+
+  /// OK for the admin token; PERMISSION_DENIED for a tenant key; UNAUTHENTICATED otherwise.
+  absl::Status AuthorizeAdmin(const grpc::ServerContextBase& context) const;
+
+  /// The tenant id of a valid tenant key; PERMISSION_DENIED for the admin token;
+  /// UNAUTHENTICATED otherwise.
+  absl::StatusOr<std::string> AuthenticateTenant(const grpc::ServerContextBase& context) const;
+
+ private:
+  const KeyHash admin_hash_;
+  const TenantTable* const tenants_;
+};
+
+/// The token of the single `authorization: Bearer <token>` entry, or UNAUTHENTICATED.
+absl::StatusOr<std::string> BearerToken(const grpc::ServerContextBase& context);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SERVICE_AUTH_H_

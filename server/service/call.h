@@ -1,0 +1,44 @@
+#ifndef TESSERA_SERVER_SERVICE_CALL_H_
+#define TESSERA_SERVER_SERVICE_CALL_H_
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tessera {
+
+/// Longest status message sent to a client; longer ones are cut with an ellipsis.
+inline constexpr size_t kMaxStatusMessageBytes = 1024;
+
+/// The one conversion from absl::Status to grpc::Status (codes are numerically identical).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+/// Per-call bookkeeping at the adapter edge: request id (the client's `x-request-id` when
+/// well-formed, else a fresh one, echoed in initial metadata), the caller's tenant once
+/// known, and one log line per failed call.
+class CallLog {
+ public:
+  CallLog(grpc::CallbackServerContext* context, absl::string_view rpc);
+
+  const std::string& request_id() const { return request_id_; }
+  void set_tenant(std::string tenant) { tenant_ = std::move(tenant); }
+
+  /// Logs a failure (code, rpc, tenant, request id, message) and returns the grpc status.
+  grpc::Status Finish(const absl::Status& status) const;
+  /// Logs an informational line tagged with the call (for mutations).
+  void Info(absl::string_view what) const;
+
+ private:
+  std::string rpc_;
+  std::string request_id_;
+  std::string tenant_;
+};
+
+/// CANCELLED or DEADLINE_EXCEEDED when the client has gone; OK otherwise.
+absl::Status CallStillWanted(grpc::CallbackServerContext* context);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SERVICE_CALL_H_

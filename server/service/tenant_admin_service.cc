@@ -1,0 +1,249 @@
+#include "server/service/tenant_admin_service.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
+#include "server/core/admission.h"
+#include "server/core/validation.h"
+#include "server/service/call.h"
+#include "server/service/convert.h"
+
+namespace tessera {
+namespace {
+
+constexpr int kDefaultPageSize = 100;
+constexpr int kMaxPageSize = 1000;
+constexpr absl::string_view kPageTokenPrefix = "tenants-after:";
+
+std::string EncodePageToken(absl::string_view last_id) {
+  return absl::WebSafeBase64Escape(absl::StrCat(kPageTokenPrefix, last_id));
+}
+
+absl::StatusOr<std::string> DecodePageToken(absl::string_view token) {
+  std::string decoded;
+  if (!absl::WebSafeBase64Unescape(token, &decoded) ||
+      !absl::StartsWith(decoded, kPageTokenPrefix) ||
+      !ValidateTenantId(absl::string_view(decoded).substr(kPageTokenPrefix.size())).ok()) {
+    return absl::InvalidArgumentError(
+        "page_token is not one this API issued; pass next_page_token from a ListTenants reply");
+  }
+  return decoded.substr(kPageTokenPrefix.size());
+}
+
+// Translates an UpdateTenantRequest into the core's update.
+absl::StatusOr<TenantTable::MetadataUpdate> UpdateFromRequest(
+    const v1::UpdateTenantRequest& request) {
+  const v1::Tenant& tenant = request.tenant();
+  TenantTable::MetadataUpdate update;
+  if (request.update_mask().paths_size() == 0) {
+    if (!tenant.display_name().empty()) update.display_name = tenant.display_name();
+    if (!tenant.labels().empty()) {
+      update.labels = Labels(tenant.labels().begin(), tenant.labels().end());
+    }
+    if (tenant.has_quota()) update.quota = QuotaFromProto(tenant.quota());
+    if (!update.display_name && !update.labels && !update.quota) {
+      return absl::InvalidArgumentError(
+          "nothing to update: set tenant.display_name or tenant.labels, or name them in "
+          "update_mask (an empty value with a mask path clears the field)");
+    }
+    return update;
+  }
+  for (const std::string& path : request.update_mask().paths()) {
+    if (path == "display_name") {
+      update.display_name = tenant.display_name();
+    } else if (path == "labels") {
+      update.labels = Labels(tenant.labels().begin(), tenant.labels().end());
+    } else if (path == "quota" || absl::StartsWith(path, "quota.")) {
+      update.quota_named = true;
+    } else if (path == "tenant_id" || path == "context" || absl::StartsWith(path, "context.") ||
+               path == "device_index" || path == "create_time" || path == "update_time" ||
+               path == "key_create_time") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "update_mask path \"", path,
+          "\" cannot be updated (identity or output only); updatable: display_name, labels"));
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("update_mask path \"", path.substr(0, 64),
+                       "\" is not a Tenant field; updatable: display_name, labels"));
+    }
+  }
+  return update;
+}
+
+}  // namespace
+
+TenantAdminService::TenantAdminService(TenantTable* tenants, const Backend* backend,
+                                       const Authenticator* authenticator,
+                                       SerialExecutor* mutations, ServerFacts facts)
+    : tenants_(tenants),
+      backend_(backend),
+      authenticator_(authenticator),
+      mutations_(mutations),
+      facts_(std::move(facts)) {}
+
+template <typename Body>
+grpc::ServerUnaryReactor* TenantAdminService::Serve(grpc::CallbackServerContext* context,
+                                                    const char* rpc, bool mutation, Body body) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto log = std::make_shared<CallLog>(context, rpc);
+  if (absl::Status auth = authenticator_->AuthorizeAdmin(*context); !auth.ok()) {
+    reactor->Finish(log->Finish(auth));
+    return reactor;
+  }
+  if (!mutation) {
+    reactor->Finish(log->Finish(body(*log)));
+    return reactor;
+  }
+  // The reactor, context and messages stay valid until Finish; the task finishes it.
+  absl::Status scheduled =
+      mutations_->Schedule([context, reactor, log, body = std::move(body)]() mutable {
+        absl::Status status = CallStillWanted(context);
+        if (status.ok()) status = body(*log);
+        reactor->Finish(log->Finish(status));
+      });
+  if (!scheduled.ok()) reactor->Finish(log->Finish(scheduled));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TenantAdminService::RegisterTenant(
+    grpc::CallbackServerContext* context, const v1::RegisterTenantRequest* request,
+    v1::RegisterTenantResponse* response) {
+  return Serve(context, "RegisterTenant", /*mutation=*/true,
+               [this, request, response](CallLog& log) -> absl::Status {
+                 log.set_tenant(request->tenant_id().substr(0, kMaxTenantIdLength));
+                 ASSIGN_OR_RETURN(TenantTable::Registered registered,
+                                  tenants_->Register(TenantSpecFromProto(*request)));
+                 TenantToProto(registered.tenant, response->mutable_tenant());
+                 response->set_api_key(std::move(registered.api_key));
+                 log.Info(absl::StrCat(
+                     "registered on device ", registered.tenant.record.device_index,
+                     ", memory quota ",
+                     FormatBytes(registered.tenant.record.quota.device_memory_bytes),
+                     ", context ", ContextKindName(registered.tenant.context.kind)));
+                 return absl::OkStatus();
+               });
+}
+
+grpc::ServerUnaryReactor* TenantAdminService::GetTenant(grpc::CallbackServerContext* context,
+                                                        const v1::GetTenantRequest* request,
+                                                        v1::Tenant* response) {
+  return Serve(context, "GetTenant", /*mutation=*/false,
+               [this, request, response](CallLog&) -> absl::Status {
+                 RETURN_IF_ERROR(ValidateTenantId(request->tenant_id()));
+                 ASSIGN_OR_RETURN(TenantView view, tenants_->Get(request->tenant_id()));
+                 TenantToProto(view, response);
+                 return absl::OkStatus();
+               });
+}
+
+grpc::ServerUnaryReactor* TenantAdminService::ListTenants(grpc::CallbackServerContext* context,
+                                                          const v1::ListTenantsRequest* request,
+                                                          v1::ListTenantsResponse* response) {
+  return Serve(
+      context, "ListTenants", /*mutation=*/false,
+      [this, request, response](CallLog&) -> absl::Status {
+        if (request->page_size() < 0 || request->page_size() > kMaxPageSize) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "page_size is ", request->page_size(), "; the range is 0..", kMaxPageSize,
+              " (0 means ", kDefaultPageSize, ")"));
+        }
+        std::string after;
+        if (!request->page_token().empty()) {
+          ASSIGN_OR_RETURN(after, DecodePageToken(request->page_token()));
+        }
+        int limit = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
+        TenantTable::Page page = tenants_->List(after, static_cast<size_t>(limit));
+        for (const TenantView& view : page.tenants) TenantToProto(view, response->add_tenants());
+        if (!page.last_id.empty()) response->set_next_page_token(EncodePageToken(page.last_id));
+        response->set_total_size(static_cast<int32_t>(page.total));
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* TenantAdminService::UpdateTenant(grpc::CallbackServerContext* context,
+                                                           const v1::UpdateTenantRequest* request,
+                                                           v1::Tenant* response) {
+  return Serve(context, "UpdateTenant", /*mutation=*/true,
+               [this, request, response](CallLog& log) -> absl::Status {
+                 const std::string& id = request->tenant().tenant_id();
+                 RETURN_IF_ERROR(ValidateTenantId(id, "tenant.tenant_id"));
+                 log.set_tenant(id);
+                 ASSIGN_OR_RETURN(TenantTable::MetadataUpdate update, UpdateFromRequest(*request));
+                 ASSIGN_OR_RETURN(TenantView view, tenants_->Update(id, update));
+                 TenantToProto(view, response);
+                 log.Info("updated display_name/labels");
+                 return absl::OkStatus();
+               });
+}
+
+grpc::ServerUnaryReactor* TenantAdminService::DeregisterTenant(
+    grpc::CallbackServerContext* context, const v1::DeregisterTenantRequest* request,
+    v1::DeregisterTenantResponse* response) {
+  return Serve(context, "DeregisterTenant", /*mutation=*/true,
+               [this, request, response](CallLog& log) -> absl::Status {
+                 RETURN_IF_ERROR(ValidateTenantId(request->tenant_id()));
+                 log.set_tenant(request->tenant_id());
+                 ASSIGN_OR_RETURN(TenantTable::Deregistered gone,
+                                  tenants_->Deregister(request->tenant_id()));
+                 TenantToProto(gone.tenant, response->mutable_tenant());
+                 response->set_released_memory_bytes(gone.released_memory_bytes);
+                 log.Info(absl::StrCat("deregistered; released ",
+                                       FormatBytes(gone.released_memory_bytes)));
+                 return absl::OkStatus();
+               });
+}
+
+grpc::ServerUnaryReactor* TenantAdminService::RotateTenantKey(
+    grpc::CallbackServerContext* context, const v1::RotateTenantKeyRequest* request,
+    v1::RotateTenantKeyResponse* response) {
+  return Serve(context, "RotateTenantKey", /*mutation=*/true,
+               [this, request, response](CallLog& log) -> absl::Status {
+                 RETURN_IF_ERROR(ValidateTenantId(request->tenant_id()));
+                 log.set_tenant(request->tenant_id());
+                 ASSIGN_OR_RETURN(TenantTable::RotatedKey rotated,
+                                  tenants_->RotateKey(request->tenant_id()));
+                 response->set_api_key(std::move(rotated.api_key));
+                 TimeToProto(rotated.key_create_time, response->mutable_key_create_time());
+                 log.Info("rotated API key; the previous key is revoked");
+                 return absl::OkStatus();
+               });
+}
+
+grpc::ServerUnaryReactor* TenantAdminService::GetServerInfo(grpc::CallbackServerContext* context,
+                                                            const v1::GetServerInfoRequest*,
+                                                            v1::ServerInfo* response) {
+  return Serve(context, "GetServerInfo", /*mutation=*/false,
+               [this, response](CallLog&) -> absl::Status {
+                 response->set_version(facts_.version);
+                 response->set_backend(std::string(backend_->name()));
+                 response->set_backend_reason(facts_.backend_reason);
+                 MpsState mps = backend_->mps();
+                 response->set_mps_decision(MpsDecisionToProto(mps.decision));
+                 response->set_mps_reason(mps.reason);
+                 uint32_t tenant_count = 0;
+                 for (const DeviceLoad& load : tenants_->DeviceLoads()) {
+                   v1::Device* device = response->add_devices();
+                   device->set_index(load.device.index);
+                   device->set_name(load.device.name);
+                   device->set_memory_bytes(load.device.memory_bytes);
+                   device->set_reserved_bytes(load.reserved_bytes);
+                   device->set_reservable_bytes(
+                       ReservableBytes(load.device.memory_bytes, facts_.memory_overcommit));
+                   device->set_tenants(load.contexts);
+                   device->set_context_limit(load.device.context_limit);
+                   device->set_compute_units(load.device.compute_units);
+                   tenant_count += load.contexts;
+                 }
+                 response->set_memory_overcommit(facts_.memory_overcommit);
+                 response->set_tenant_count(tenant_count);
+                 TimeToProto(facts_.start_time, response->mutable_start_time());
+                 response->set_transport_security(facts_.transport_security);
+                 return absl::OkStatus();
+               });
+}
+
+}  // namespace tessera

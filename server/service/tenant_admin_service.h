@@ -1,0 +1,73 @@
+#ifndef TESSERA_SERVER_SERVICE_TENANT_ADMIN_SERVICE_H_
+#define TESSERA_SERVER_SERVICE_TENANT_ADMIN_SERVICE_H_
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "server/backend/backend.h"
+#include "server/common/serial_executor.h"
+#include "server/core/tenant_table.h"
+#include "server/service/auth.h"
+#include "tessera/v1/tenant_admin.grpc.pb.h"
+
+namespace tessera {
+
+/// Facts about the running server reported by GetServerInfo.
+struct ServerFacts {
+  std::string version;
+  std::string backend_reason;
+  std::string transport_security;
+  double memory_overcommit = 1.0;
+  absl::Time start_time;
+};
+
+/// tessera.v1.TenantAdmin: a stateless adapter over the TenantTable. Authenticates, maps
+/// wire types, and runs mutations (durable commits, context creation) on `mutations` so no
+/// gRPC thread waits for the disk or the device. Reads are answered inline.
+///
+/// All pointers are borrowed and must outlive the service.
+class TenantAdminService final : public v1::TenantAdmin::CallbackService {
+ public:
+  TenantAdminService(TenantTable* tenants, const Backend* backend,
+                     const Authenticator* authenticator, SerialExecutor* mutations,
+                     ServerFacts facts);
+
+  grpc::ServerUnaryReactor* RegisterTenant(grpc::CallbackServerContext* context,
+                                           const v1::RegisterTenantRequest* request,
+                                           v1::RegisterTenantResponse* response) override;
+  grpc::ServerUnaryReactor* GetTenant(grpc::CallbackServerContext* context,
+                                      const v1::GetTenantRequest* request,
+                                      v1::Tenant* response) override;
+  grpc::ServerUnaryReactor* ListTenants(grpc::CallbackServerContext* context,
+                                        const v1::ListTenantsRequest* request,
+                                        v1::ListTenantsResponse* response) override;
+  grpc::ServerUnaryReactor* UpdateTenant(grpc::CallbackServerContext* context,
+                                         const v1::UpdateTenantRequest* request,
+                                         v1::Tenant* response) override;
+  grpc::ServerUnaryReactor* DeregisterTenant(grpc::CallbackServerContext* context,
+                                             const v1::DeregisterTenantRequest* request,
+                                             v1::DeregisterTenantResponse* response) override;
+  grpc::ServerUnaryReactor* RotateTenantKey(grpc::CallbackServerContext* context,
+                                            const v1::RotateTenantKeyRequest* request,
+                                            v1::RotateTenantKeyResponse* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::ServerInfo* response) override;
+
+ private:
+  /// Authorizes the admin, then runs `body` (returning absl::Status) inline or, when
+  /// `mutation`, on the mutation executor; finishes the reactor with its status.
+  template <typename Body>
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, const char* rpc,
+                                  bool mutation, Body body);
+
+  TenantTable* const tenants_;
+  const Backend* const backend_;
+  const Authenticator* const authenticator_;
+  SerialExecutor* const mutations_;
+  const ServerFacts facts_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SERVICE_TENANT_ADMIN_SERVICE_H_

@@ -1,0 +1,47 @@
+#include "server/store/state_dir.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+
+namespace tessera {
+
+absl::StatusOr<std::unique_ptr<StateDir>> StateDir::Open(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create state directory ", path, ": ", ec.message()));
+  }
+  chmod(path.c_str(), 0700);  // best effort: the directory holds credentials
+  std::string lock_path = path + "/LOCK";
+  int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open ", lock_path, ": ", std::strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int error = errno;
+    close(fd);
+    if (error == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "state directory ", path,
+          " is in use by another tessera-server (its LOCK is held); stop it or pass a "
+          "different --state_dir"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot lock ", lock_path, ": ", std::strerror(error)));
+  }
+  return std::unique_ptr<StateDir>(new StateDir(path, fd));
+}
+
+StateDir::~StateDir() { close(lock_fd_); }  // closing releases the flock
+
+}  // namespace tessera
