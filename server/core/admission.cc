@@ -68,9 +68,9 @@ absl::StatusOr<int> ChooseDevice(const std::vector<DeviceLoad>& devices, double 
     if (best == nullptr || Unreserved(d, overcommit) > Unreserved(*best, overcommit)) best = &d;
   }
   if (best == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "every device is at its tenant context limit (", devices.front().device.context_limit,
-        " per device)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no device has a free tenant context slot; e.g. ",
+                     CheckFits(devices.front(), overcommit, request_bytes).message()));
   }
   absl::Status fits = CheckFits(*best, overcommit, request_bytes);
   if (!fits.ok()) return fits;

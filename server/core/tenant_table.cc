@@ -10,6 +10,13 @@
 #include "spdlog/spdlog.h"
 
 namespace tessera {
+namespace {
+
+// The store keeps microseconds; minting times at that precision keeps a restored tenant
+// identical to the one that was registered.
+absl::Time NowMicros() { return absl::FromUnixMicros(absl::ToUnixMicros(absl::Now())); }
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<TenantTable>> TenantTable::Create(Options options,
                                                                  TenantStore* store,
@@ -100,7 +107,7 @@ absl::StatusOr<TenantTable::Registered> TenantTable::Register(TenantSpec spec) {
                                             spec.quota.device_memory_bytes, spec.device_index));
   ASSIGN_OR_RETURN(std::string api_key, NewTenantKey(spec.id));
 
-  absl::Time now = absl::Now();
+  absl::Time now = NowMicros();
   auto entry = std::make_unique<Entry>();
   entry->record = TenantRecord{.id = spec.id,
                                .display_name = std::move(spec.display_name),
@@ -171,7 +178,7 @@ absl::StatusOr<TenantView> TenantTable::Update(absl::string_view id,
     RETURN_IF_ERROR(ValidateLabels(*update.labels));
     record.labels = *update.labels;
   }
-  record.update_time = absl::Now();
+  record.update_time = NowMicros();
   RETURN_IF_ERROR(store_->Update(record));
 
   absl::MutexLock lock(&mu_);
@@ -201,7 +208,7 @@ absl::StatusOr<TenantTable::RotatedKey> TenantTable::RotateKey(absl::string_view
   ASSIGN_OR_RETURN(TenantRecord record, RecordOf(id));
   ASSIGN_OR_RETURN(std::string api_key, NewTenantKey(id));
   record.key_hash = HashCredential(api_key);
-  record.key_create_time = absl::Now();
+  record.key_create_time = NowMicros();
   RETURN_IF_ERROR(store_->Update(record));
 
   RotatedKey result{std::move(api_key), record.key_create_time};

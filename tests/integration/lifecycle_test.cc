@@ -1,0 +1,203 @@
+// Process lifecycle and the ops surface: restart and restore, signals, health, reflection,
+// start-up errors.
+#include <signal.h>
+
+#include <fstream>
+#include <set>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/descriptor.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "tests/testing/server_fixture.h"
+
+namespace tessera {
+namespace {
+
+using ::grpc::health::v1::Health;
+using ::grpc::health::v1::HealthCheckRequest;
+using ::grpc::health::v1::HealthCheckResponse;
+using ::testing::HasSubstr;
+using testing::kGiB;
+
+class LifecycleTest : public testing::ServerTest {
+ protected:
+  absl::StatusOr<HealthCheckResponse::ServingStatus> Health(const std::string& service) {
+    auto stub = Health::NewStub(admin_->channel());
+    grpc::ClientContext context;  // no credentials: health is open to probes
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    HealthCheckRequest request;
+    request.set_service(service);
+    HealthCheckResponse response;
+    grpc::Status s = stub->Check(&context, request, &response);
+    if (!s.ok()) return FromGrpcStatus(s);
+    return response.status();
+  }
+};
+
+TEST_F(LifecycleTest, RestartRestoresEveryTenant) {
+  std::map<std::string, std::string> keys;
+  for (const char* id : {"alpha", "beta", "gamma"}) keys[id] = MustRegister(id, 2 * kGiB);
+  v1::Tenant change;
+  change.set_tenant_id("beta");
+  (*change.mutable_labels())["tier"] = "gold";
+  ASSERT_TRUE(admin_->UpdateTenant(change, {"labels"}).ok());
+  ASSERT_TRUE(admin_->DeregisterTenant("gamma").ok());
+  auto rotated = admin_->RotateTenantKey("alpha");
+  ASSERT_TRUE(rotated.ok());
+  auto before = admin_->ListAllTenants();
+  ASSERT_TRUE(before.ok());
+
+  ASSERT_EQ(*server_->Stop(SIGTERM), 0);
+  StartServer();
+
+  auto after = admin_->ListAllTenants();
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ(after->size(), 2u);
+  for (size_t i = 0; i < after->size(); ++i) {
+    EXPECT_EQ((*after)[i].SerializeAsString(), (*before)[i].SerializeAsString());
+  }
+  EXPECT_EQ((*after)[1].labels().at("tier"), "gold");
+  EXPECT_EQ((*after)[0].context().kind(), v1::CONTEXT_KIND_CPU);  // context rebuilt
+  EXPECT_EQ(admin_->GetServerInfo()->devices(0).reserved_bytes(), 4 * kGiB);
+
+  auto compute = [&](const std::string& key) {
+    auto client = ClientWith(key);
+    auto context = client->NewContext();
+    v1::Usage usage;
+    return v1::Compute::NewStub(client->channel())
+        ->GetUsage(context.get(), v1::GetUsageRequest(), &usage)
+        .error_code();
+  };
+  EXPECT_EQ(compute(rotated->api_key()), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(compute(keys["alpha"]), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(compute(keys["beta"]), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(compute(keys["gamma"]), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(LifecycleTest, SigtermAndSigintExitZero) {
+  ASSERT_EQ(*server_->Stop(SIGTERM), 0);
+  StartServer({"--log_level=info"});
+  absl::StatusOr<int> code = server_->Stop(SIGTERM);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  EXPECT_THAT(server_->output(), HasSubstr("shutdown complete"));
+  StartServer();
+  EXPECT_EQ(*server_->Stop(SIGINT), 0);
+}
+
+TEST_F(LifecycleTest, HealthServesOverallAndPerService) {
+  EXPECT_EQ(*Health(""), HealthCheckResponse::SERVING);
+  EXPECT_EQ(*Health("tessera.v1.TenantAdmin"), HealthCheckResponse::SERVING);
+  EXPECT_EQ(*Health("tessera.v1.Compute"), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health("no.such.Service").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(LifecycleTest, HealthIsNotServingWhileShuttingDown) {
+  ASSERT_EQ(*server_->Stop(SIGTERM), 0);
+  StartServer({"--shutdown_grace=3s", "--log_level=info"});
+  ASSERT_EQ(*Health(""), HealthCheckResponse::SERVING);
+  kill(server_->pid(), SIGTERM);
+  ASSERT_TRUE(server_->WaitForOutput("health NOT_SERVING", absl::Seconds(10)));
+  EXPECT_EQ(*Health(""), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(*Health("tessera.v1.TenantAdmin"), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(*Health("tessera.v1.Compute"), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(*server_->Stop(SIGTERM), 0);  // already exiting; a second signal is harmless
+}
+
+TEST_F(LifecycleTest, ReflectionListsAndDescribesTheServices) {
+  using ::grpc::reflection::v1alpha::ServerReflection;
+  using ::grpc::reflection::v1alpha::ServerReflectionRequest;
+  using ::grpc::reflection::v1alpha::ServerReflectionResponse;
+  auto stub = ServerReflection::NewStub(admin_->channel());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto stream = stub->ServerReflectionInfo(&context);
+
+  ServerReflectionRequest list;
+  list.set_list_services("");
+  ASSERT_TRUE(stream->Write(list));
+  ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  std::set<std::string> services;
+  for (const auto& s : response.list_services_response().service()) services.insert(s.name());
+  EXPECT_TRUE(services.contains("tessera.v1.TenantAdmin"));
+  EXPECT_TRUE(services.contains("tessera.v1.Compute"));
+  EXPECT_TRUE(services.contains("grpc.health.v1.Health"));
+
+  // What `grpcurl describe` needs: the file defining a symbol, with its methods.
+  ServerReflectionRequest describe;
+  describe.set_file_containing_symbol("tessera.v1.TenantAdmin");
+  ASSERT_TRUE(stream->Write(describe));
+  ASSERT_TRUE(stream->Read(&response));
+  ASSERT_GT(response.file_descriptor_response().file_descriptor_proto_size(), 0);
+  google::protobuf::FileDescriptorProto file;
+  ASSERT_TRUE(file.ParseFromString(response.file_descriptor_response().file_descriptor_proto(0)));
+  EXPECT_EQ(file.name(), "tessera/v1/tenant_admin.proto");
+  std::set<std::string> methods;
+  for (const auto& service : file.service()) {
+    for (const auto& m : service.method()) methods.insert(m.name());
+  }
+  EXPECT_TRUE(methods.contains("RegisterTenant"));
+  EXPECT_TRUE(methods.contains("GetServerInfo"));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(LifecycleTest, SecondServerOnTheSameStateDirIsRefused) {
+  auto second = testing::ServerProcess::Start(
+      {.state_dir = dir_.File("var"), .args = {"--backend=cpu"}});
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(second.status().message(), HasSubstr("in use by another tessera-server"));
+  EXPECT_TRUE(admin_->GetServerInfo().ok());  // the first is unaffected
+}
+
+TEST(StartupTest, ClearErrorsForBadConfiguration) {
+  testing::TempDir dir;
+  struct Case {
+    std::vector<std::string> args;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {{"--backend=cuda"}, "--backend=cuda"},
+      {{"--backend=cpu", "--mps=require"}, "--mps=require"},
+      {{"--backend=gpu"}, "allowed values are auto, cpu, cuda"},
+      {{"--log_format=xml"}, "--log_format=xml"},
+      {{"--max_message_bytes=1KiB"}, "--max_message_bytes"},
+      {{"--memory_overcommit=0"}, "--memory_overcommit"},
+      {{"--tls_cert=/nonexistent.pem"}, "--tls_cert and --tls_key must be given together"},
+      {{"--tls_cert=/nonexistent.pem", "--tls_key=/nonexistent.key"}, "cannot read"},
+  };
+  for (const Case& c : cases) {
+    auto server = testing::ServerProcess::Start({.state_dir = dir.File("var"), .args = c.args});
+    ASSERT_FALSE(server.ok()) << c.expect;
+    EXPECT_THAT(server.status().message(), HasSubstr(c.expect));
+  }
+}
+
+TEST(StartupTest, PrintsTokenPathAndAGrpcurlLine) {
+  testing::TempDir dir;
+  auto server = testing::ServerProcess::Start({.state_dir = dir.File("var"), .args = {}});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE(server->get()->WaitForOutput("try: grpcurl", absl::Seconds(10)));
+  std::string out = (*server)->output();
+  EXPECT_THAT(out, HasSubstr(dir.File("var") + "/admin.token (generated now)"));
+  EXPECT_THAT(out, HasSubstr("grpcurl -plaintext -H \"authorization: Bearer $(cat "));
+  EXPECT_THAT(out, HasSubstr("tessera.v1.TenantAdmin/GetServerInfo"));
+  EXPECT_THAT(out, HasSubstr("backend cpu"));  // auto picked the CPU backend here
+}
+
+TEST(StartupTest, AdminTokenFromTheEnvironment) {
+  testing::TempDir dir;
+  const std::string token = "operator-supplied-token-123";
+  auto server = testing::ServerProcess::Start(
+      {.state_dir = dir.File("var"), .args = {}, .env = {{"TESSERA_ADMIN_TOKEN", token}}});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto with_env = Client::Connect({.address = (*server)->address(), .token = token});
+  EXPECT_TRUE((*with_env)->GetServerInfo().ok());
+  EXPECT_FALSE(std::ifstream(dir.File("var/admin.token")).good());
+}
+
+}  // namespace
+}  // namespace tessera

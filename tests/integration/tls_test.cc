@@ -1,0 +1,97 @@
+// TLS and mutual TLS with certificates minted per test run by the openssl CLI.
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tessera/client.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/temp_dir.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+class TlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    certs_ = new testing::TempDir();
+    // A CA, a server certificate for 127.0.0.1, and a client certificate, valid one day.
+    const std::string script = R"(set -e
+cd ")" + certs_->path() + R"("
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+key ca.key
+openssl req -x509 -new -key ca.key -out ca.pem -days 1 -subj /CN=tessera-test-ca
+key server.key
+openssl req -new -key server.key -out server.csr -subj /CN=localhost
+printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' > server.ext
+openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile server.ext -out server.pem 2>/dev/null
+key client.key
+openssl req -new -key client.key -out client.csr -subj /CN=tessera-test-client
+printf 'extendedKeyUsage=clientAuth\n' > client.ext
+openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile client.ext -out client.pem 2>/dev/null
+)";
+    auto result = testing::RunCommand({"/bin/sh", "-c", script}, {});
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_EQ(result->exit_code, 0) << result->output;
+  }
+  static void TearDownTestSuite() { delete certs_; }
+
+  std::unique_ptr<testing::ServerProcess> Start(bool mutual) {
+    std::vector<std::string> args = {"--backend=cpu", "--cpu_memory_bytes=1GiB",
+                                     "--tls_cert=" + certs_->File("server.pem"),
+                                     "--tls_key=" + certs_->File("server.key")};
+    if (mutual) args.push_back("--tls_client_ca=" + certs_->File("ca.pem"));
+    auto server = testing::ServerProcess::Start({.state_dir = state_.File("var"), .args = args});
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? *std::move(server) : nullptr;
+  }
+
+  absl::StatusOr<v1::ServerInfo> Info(const testing::ServerProcess& server, ClientOptions options) {
+    options.address = server.address();
+    options.token = server.AdminToken();
+    options.timeout = absl::Seconds(5);
+    auto client = Client::Connect(options);
+    if (!client.ok()) return client.status();
+    return (*client)->GetServerInfo();
+  }
+
+  static testing::TempDir* certs_;
+  testing::TempDir state_;
+};
+
+testing::TempDir* TlsTest::certs_ = nullptr;
+
+TEST_F(TlsTest, TlsServesVerifiedClientsOnly) {
+  auto server = Start(/*mutual=*/false);
+  ASSERT_NE(server, nullptr);
+  auto info = Info(*server, {.tls = true, .tls_ca_file = certs_->File("ca.pem")});
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->transport_security(), "tls");
+  // A plaintext client cannot talk to a TLS server.
+  EXPECT_EQ(Info(*server, {}).status().code(), absl::StatusCode::kUnavailable);
+  // Nor can one that does not trust the server's CA (system roots only).
+  EXPECT_EQ(Info(*server, {.tls = true}).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(server->output(), HasSubstr("(tls)"));
+}
+
+TEST_F(TlsTest, MutualTlsRequiresAClientCertificate) {
+  auto server = Start(/*mutual=*/true);
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(Info(*server, {.tls = true, .tls_ca_file = certs_->File("ca.pem")}).status().code(),
+            absl::StatusCode::kUnavailable);
+  auto info = Info(*server, {.tls = true,
+                             .tls_ca_file = certs_->File("ca.pem"),
+                             .tls_cert_file = certs_->File("client.pem"),
+                             .tls_key_file = certs_->File("client.key")});
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->transport_security(), "mtls");
+}
+
+TEST_F(TlsTest, ClientRefusesInconsistentOptions) {
+  EXPECT_EQ(Client::Connect({.tls_cert_file = "a.pem"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Client::Connect({.tls = true, .tls_ca_file = "/nonexistent.pem"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tessera

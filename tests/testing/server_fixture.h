@@ -1,0 +1,62 @@
+#ifndef TESSERA_TESTS_TESTING_SERVER_FIXTURE_H_
+#define TESSERA_TESTS_TESTING_SERVER_FIXTURE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tessera/client.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/temp_dir.h"
+
+namespace tessera::testing {
+
+inline constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+/// Starts a real tessera-server (CPU backend, 8 GiB capacity) on a loopback port with a
+/// temporary state directory for each test.
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartServer(); }
+
+  /// (Re)starts the server on the same state directory with `extra_args`.
+  void StartServer(std::vector<std::string> extra_args = {}) {
+    std::vector<std::string> args = {"--backend=cpu", "--cpu_memory_bytes=8GiB",
+                                     "--log_level=warn"};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    auto server = ServerProcess::Start({.state_dir = dir_.File("var"), .args = args});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    admin_ = ClientWith(server_->AdminToken());
+  }
+
+  std::unique_ptr<Client> ClientWith(const std::string& token) const {
+    auto client = Client::Connect({.address = server_->address(), .token = token,
+                                   .timeout = absl::Seconds(20)});
+    EXPECT_TRUE(client.ok()) << client.status();
+    return *std::move(client);
+  }
+
+  static v1::RegisterTenantRequest Registration(const std::string& id, uint64_t memory = kGiB) {
+    v1::RegisterTenantRequest request;
+    request.set_tenant_id(id);
+    request.mutable_quota()->set_device_memory_bytes(memory);
+    return request;
+  }
+
+  /// Registers `id` and returns its API key (fails the test otherwise).
+  std::string MustRegister(const std::string& id, uint64_t memory = kGiB) {
+    auto registered = admin_->RegisterTenant(Registration(id, memory));
+    EXPECT_TRUE(registered.ok()) << registered.status();
+    return registered.ok() ? registered->api_key() : "";
+  }
+
+  TempDir dir_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<Client> admin_;
+};
+
+}  // namespace tessera::testing
+
+#endif  // TESSERA_TESTS_TESTING_SERVER_FIXTURE_H_

@@ -1,0 +1,231 @@
+#include "tests/testing/server_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <regex>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace tessera::testing {
+namespace {
+
+// Starts argv[0] with stdout+stderr on a pipe; returns the pid and the read end.
+absl::Status Spawn(const std::vector<std::string>& argv,
+                   const std::map<std::string, std::string>& extra_env, pid_t* pid,
+                   int* read_fd) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry(*e);
+    size_t eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  for (const auto& [k, v] : extra_env) env[k] = v;
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = argv;
+  std::vector<char*> argp;
+  for (std::string& s : args) argp.push_back(s.data());
+  argp.push_back(nullptr);
+
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe2 failed");
+  pid_t child = fork();
+  if (child < 0) return absl::InternalError("fork failed");
+  if (child == 0) {
+    // Only async-signal-safe calls until exec.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execve(argp[0], argp.data(), envp.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  *pid = child;
+  *read_fd = fds[0];
+  return absl::OkStatus();
+}
+
+int DecodeWaitStatus(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+// Waits for `pid` until `deadline`; nullopt on timeout.
+std::optional<int> WaitUntil(pid_t pid, absl::Time deadline) {
+  for (;;) {
+    int status = 0;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return DecodeWaitStatus(status);
+    if (r < 0 && errno != EINTR) return -1;
+    if (absl::Now() >= deadline) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+}  // namespace
+
+const char* ServerBinary() { return TESSERA_SERVER_BIN; }
+const char* CliBinary() { return TESSERA_CLI_BIN; }
+
+absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(Options options) {
+  std::vector<std::string> argv = {ServerBinary(), "--listen=127.0.0.1:0",
+                                   absl::StrCat("--state_dir=", options.state_dir)};
+  argv.insert(argv.end(), options.args.begin(), options.args.end());
+  pid_t pid = 0;
+  int fd = -1;
+  if (absl::Status s = Spawn(argv, options.env, &pid, &fd); !s.ok()) return s;
+  absl::Duration timeout = options.start_timeout;
+  std::unique_ptr<ServerProcess> server(new ServerProcess(std::move(options), pid, fd));
+
+  static const std::regex kBanner(R"(listening on 127\.0\.0\.1:(\d+))");
+  absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    std::string out = server->output();
+    std::smatch match;
+    if (std::regex_search(out, match, kBanner)) {
+      server->port_ = std::stoi(match[1]);
+      return server;
+    }
+    if (std::optional<int> code = WaitUntil(pid, absl::Now()); code.has_value()) {
+      server->exited_ = true;
+      server->WaitForEof(absl::Seconds(2));  // collect the last words
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tessera-server exited with ", *code, " before serving:\n", server->output()));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("tessera-server did not start in time:\n", out));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+ServerProcess::ServerProcess(Options options, pid_t pid, int read_fd)
+    : options_(std::move(options)), pid_(pid), read_fd_(read_fd), reader_([this] { ReadLoop(); }) {}
+
+ServerProcess::~ServerProcess() {
+  if (!exited_) {
+    kill(pid_, SIGKILL);
+    WaitUntil(pid_, absl::Now() + absl::Seconds(10));
+  }
+  reader_.join();
+  close(read_fd_);
+}
+
+void ServerProcess::ReadLoop() {
+  char buffer[4096];
+  for (;;) {
+    ssize_t n = read(read_fd_, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    absl::MutexLock lock(&mu_);
+    if (n <= 0) {
+      eof_ = true;
+      return;
+    }
+    output_.append(buffer, static_cast<size_t>(n));
+  }
+}
+
+std::string ServerProcess::address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+std::string ServerProcess::AdminToken() const {
+  std::ifstream in(options_.state_dir + "/admin.token");
+  std::string line;
+  std::getline(in, line);
+  return std::string(absl::StripAsciiWhitespace(line));
+}
+
+absl::StatusOr<int> ServerProcess::Stop(int signal, absl::Duration timeout) {
+  if (exited_) return absl::FailedPreconditionError("already stopped");
+  kill(pid_, signal);
+  std::optional<int> code = WaitUntil(pid_, absl::Now() + timeout);
+  if (!code.has_value()) {
+    kill(pid_, SIGKILL);
+    WaitUntil(pid_, absl::Now() + absl::Seconds(10));
+    exited_ = true;
+    return absl::DeadlineExceededError(
+        absl::StrCat("tessera-server did not exit within ", absl::FormatDuration(timeout)));
+  }
+  exited_ = true;
+  return *code;
+}
+
+std::string ServerProcess::output() const {
+  absl::MutexLock lock(&mu_);
+  return output_;
+}
+
+bool ServerProcess::WaitForOutput(const std::string& text, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto found = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return eof_ || output_.find(text) != std::string::npos;
+  };
+  absl::Time deadline = absl::Now() + timeout;
+  while (!found() && absl::Now() < deadline) {
+    mu_.AwaitWithDeadline(absl::Condition(&found), deadline);
+  }
+  return output_.find(text) != std::string::npos;
+}
+
+void ServerProcess::WaitForEof(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&eof_), timeout);
+}
+
+absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
+                                         const std::map<std::string, std::string>& env,
+                                         absl::Duration timeout) {
+  pid_t pid = 0;
+  int fd = -1;
+  if (absl::Status s = Spawn(argv, env, &pid, &fd); !s.ok()) return s;
+  CommandResult result;
+  absl::Time deadline = absl::Now() + timeout;
+  char buffer[4096];
+  for (;;) {
+    int wait_ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (wait_ms <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    int ready = poll(&p, 1, wait_ms);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) break;
+    ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    result.output.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  std::optional<int> code = WaitUntil(pid, deadline);
+  if (!code.has_value()) {
+    kill(pid, SIGKILL);
+    WaitUntil(pid, absl::Now() + absl::Seconds(10));
+    return absl::DeadlineExceededError(absl::StrCat(argv[0], " did not finish within ",
+                                                    absl::FormatDuration(timeout), ":\n",
+                                                    result.output));
+  }
+  result.exit_code = *code;
+  return result;
+}
+
+}  // namespace tessera::testing
