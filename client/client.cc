@@ -30,8 +30,7 @@ absl::StatusOr<Response> Unary(const Client& client, Call call) {
 }  // namespace
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
@@ -119,7 +118,7 @@ absl::StatusOr<std::vector<v1::Tenant>> Client::ListAllTenants() {
 }
 
 absl::StatusOr<v1::Tenant> Client::UpdateTenant(const v1::Tenant& tenant,
-                                                 const std::vector<std::string>& paths) {
+                                                const std::vector<std::string>& paths) {
   v1::UpdateTenantRequest request;
   *request.mutable_tenant() = tenant;
   for (const std::string& path : paths) request.mutable_update_mask()->add_paths(path);
@@ -128,8 +127,7 @@ absl::StatusOr<v1::Tenant> Client::UpdateTenant(const v1::Tenant& tenant,
   });
 }
 
-absl::StatusOr<v1::DeregisterTenantResponse> Client::DeregisterTenant(
-    absl::string_view tenant_id) {
+absl::StatusOr<v1::DeregisterTenantResponse> Client::DeregisterTenant(absl::string_view tenant_id) {
   v1::DeregisterTenantRequest request;
   request.set_tenant_id(std::string(tenant_id));
   return Unary<v1::DeregisterTenantResponse>(*this, [&](auto* context, auto* response) {

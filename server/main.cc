@@ -1,22 +1,23 @@
 // tessera-server: serves the Tessera gRPC API. See README.md for the flags.
-#include <pthread.h>
-#include <signal.h>
-#include <sys/stat.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "spdlog/spdlog.h"
+
 #include "server/common/byte_size.h"
 #include "server/common/logging.h"
 #include "server/server.h"
-#include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "host:port to serve on (port 0: any free port)");
 ABSL_FLAG(std::string, state_dir, "./var", "Directory for the tenant table and admin token");
@@ -27,8 +28,9 @@ ABSL_FLAG(std::string, backend, "auto", "Execution backend: auto, cpu or cuda");
 ABSL_FLAG(std::string, mps, "auto", "MPS use: auto, require or off");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (enables TLS with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
-ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients must present a "
-                                          "certificate it signed (mutual TLS)");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle; when set, clients must present a "
+          "certificate it signed (mutual TLS)");
 ABSL_FLAG(std::string, log_format, "text", "Log format: text or json");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error, off");
 ABSL_FLAG(tessera::ByteSize, max_message_bytes, tessera::ByteSize{64 << 20},
@@ -72,8 +74,8 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   umask(077);  // state files hold credentials (hashes) and the admin token
 
-  if (absl::Status s = tessera::InitLogging(absl::GetFlag(FLAGS_log_format),
-                                            absl::GetFlag(FLAGS_log_level));
+  if (absl::Status s =
+          tessera::InitLogging(absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
       !s.ok()) {
     return Fail(s);
   }
@@ -91,8 +93,8 @@ int main(int argc, char** argv) {
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   uint64_t max_message = absl::GetFlag(FLAGS_max_message_bytes).bytes;
-  options.max_message_bytes = max_message > uint64_t{1} << 40 ? int64_t{1} << 40
-                                                                : static_cast<int64_t>(max_message);
+  options.max_message_bytes =
+      max_message > uint64_t{1} << 40 ? int64_t{1} << 40 : static_cast<int64_t>(max_message);
   options.memory_overcommit = absl::GetFlag(FLAGS_memory_overcommit);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
@@ -111,8 +113,7 @@ int main(int argc, char** argv) {
                              : "-cacert CA.pem";  // the operator knows their CA
   std::cout << "tessera-server listening on " << address << " (" << (*server)->backend_reason()
             << ")\n"
-            << "admin token: " << admin.source << (admin.created ? " (generated now)" : "")
-            << "\n"
+            << "admin token: " << admin.source << (admin.created ? " (generated now)" : "") << "\n"
             << "try: grpcurl " << security << " -H \"authorization: Bearer "
             << (from_file ? absl::StrCat("$(cat ", admin.source, ")") : "$TESSERA_ADMIN_TOKEN")
             << "\" " << address << " tessera.v1.TenantAdmin/GetServerInfo" << std::endl;

@@ -8,6 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "spdlog/spdlog.h"
+
+#include "server/common/logging.h"
 #include "server/common/serial_executor.h"
 #include "server/common/status_macros.h"
 #include "server/core/admission.h"
@@ -17,8 +20,6 @@
 #include "server/service/tenant_admin_service.h"
 #include "server/store/state_dir.h"
 #include "server/store/tenant_store.h"
-#include "server/common/logging.h"
-#include "spdlog/spdlog.h"
 
 namespace tessera {
 namespace {
@@ -76,9 +77,9 @@ Server::~Server() { Shutdown(); }
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   if (options.max_message_bytes < kMinMessageBytes ||
       options.max_message_bytes > kMaxMessageBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes=",
-                                                   options.max_message_bytes, ": the range is ",
-                                                   kMinMessageBytes, "..", kMaxMessageBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_message_bytes=", options.max_message_bytes, ": the range is ",
+                     kMinMessageBytes, "..", kMaxMessageBytes));
   }
   if (!(options.memory_overcommit >= 0.01 && options.memory_overcommit <= 100)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -135,12 +136,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
 }
 
 absl::Status Server::Start() {
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                   MakeCredentials(options_));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeCredentials(options_));
   if (transport_security_ == "insecure" && !IsLoopback(options_.listen)) {
-    spdlog::warn("serving without TLS on {}: credentials cross the network in clear text; "
-                 "set --tls_cert/--tls_key",
-                 options_.listen);
+    spdlog::warn(
+        "serving without TLS on {}: credentials cross the network in clear text; "
+        "set --tls_cert/--tls_key",
+        options_.listen);
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -153,15 +154,14 @@ absl::Status Server::Start() {
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || port_ == 0) {
     grpc_server_.reset();
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", options_.listen, " (address in use, or not a local address?)"));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen,
+                                               " (address in use, or not a local address?)"));
   }
   grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus("tessera.v1.TenantAdmin", true);
   health->SetServingStatus("tessera.v1.Compute", true);
-  spdlog::info("serving on port {} ({}), tessera {}", port_, transport_security_,
-               TesseraVersion());
+  spdlog::info("serving on port {} ({}), tessera {}", port_, transport_security_, TesseraVersion());
   return absl::OkStatus();
 }
 

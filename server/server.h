@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+
 #include "server/backend/select.h"
 #include "server/core/admin_token.h"
 

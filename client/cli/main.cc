@@ -19,10 +19,12 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
+
 #include "server/common/byte_size.h"
 #include "tessera/client.h"
 
-ABSL_FLAG(std::string, addr, "", "Server address host:port (default $TESSERA_ADDR or 127.0.0.1:50051)");
+ABSL_FLAG(std::string, addr, "",
+          "Server address host:port (default $TESSERA_ADDR or 127.0.0.1:50051)");
 ABSL_FLAG(std::string, token, "",
           "Bearer token (visible in `ps`; prefer --token_file or $TESSERA_TOKEN)");
 ABSL_FLAG(std::string, token_file, "", "File whose first line is the bearer token");
@@ -140,11 +142,11 @@ void PrintTenant(const tessera::v1::Tenant& t) {
             << "compute share:   " << q.compute_share_percent() << "%\n"
             << "max streams:     " << q.max_streams() << "\n"
             << "max queued jobs: " << q.max_queued_jobs() << "\n"
-            << "priority:        "
-            << (q.priority() == tessera::v1::PRIORITY_LOW ? "low" : "normal") << "\n"
+            << "priority:        " << (q.priority() == tessera::v1::PRIORITY_LOW ? "low" : "normal")
+            << "\n"
             << "device:          " << t.device_index() << "\n"
-            << "context:         " << KindName(t.context().kind()) << " ("
-            << t.context().reason() << ")\n"
+            << "context:         " << KindName(t.context().kind()) << " (" << t.context().reason()
+            << ")\n"
             << "created:         " << Time(t.create_time()) << "\n"
             << "key issued:      " << Time(t.key_create_time()) << "\n";
 }
@@ -155,8 +157,7 @@ absl::StatusOr<std::map<std::string, std::string>> ParseLabels() {
     if (item.empty()) continue;
     std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     if (kv.size() != 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--labels: \"", item, "\" is not key=value"));
+      return absl::InvalidArgumentError(absl::StrCat("--labels: \"", item, "\" is not key=value"));
     }
     labels[kv[0]] = kv[1];
   }
@@ -186,7 +187,8 @@ absl::StatusOr<std::string> ResolveToken() {
 }
 
 int TenantCommand(tessera::Client& client, const std::vector<std::string>& args) {
-  if (args.size() < 2) return UsageError("tenant: which command? register|get|list|update|deregister|rotate-key");
+  if (args.size() < 2)
+    return UsageError("tenant: which command? register|get|list|update|deregister|rotate-key");
   const std::string& verb = args[1];
   if (verb == "list") {
     if (absl::GetFlag(FLAGS_page_size) != 0) {
@@ -206,8 +208,8 @@ int TenantCommand(tessera::Client& client, const std::vector<std::string>& args)
       PrintJson(all);
       return 0;
     }
-    std::cout << absl::StrFormat("%-24s %-9s %10s %6s %7s %6s  %s\n", "TENANT", "CONTEXT",
-                                 "MEMORY", "SHARE", "STREAMS", "DEVICE", "DISPLAY NAME");
+    std::cout << absl::StrFormat("%-24s %-9s %10s %6s %7s %6s  %s\n", "TENANT", "CONTEXT", "MEMORY",
+                                 "SHARE", "STREAMS", "DEVICE", "DISPLAY NAME");
     for (const auto& t : *tenants) {
       std::cout << absl::StrFormat(
           "%-24s %-9s %10s %5d%% %7d %6d  %s\n", t.tenant_id(), KindName(t.context().kind()),
@@ -216,7 +218,8 @@ int TenantCommand(tessera::Client& client, const std::vector<std::string>& args)
     }
     return 0;
   }
-  if (args.size() != 3) return UsageError(absl::StrCat("tenant ", verb, ": expected one tenant id"));
+  if (args.size() != 3)
+    return UsageError(absl::StrCat("tenant ", verb, ": expected one tenant id"));
   const std::string& id = args[2];
   if (verb == "register") {
     tessera::v1::RegisterTenantRequest request;
@@ -302,7 +305,8 @@ int TenantCommand(tessera::Client& client, const std::vector<std::string>& args)
 }
 
 int ServerCommand(tessera::Client& client, const std::vector<std::string>& args) {
-  if (args.size() != 2 || args[1] != "info") return UsageError("server: the command is `server info`");
+  if (args.size() != 2 || args[1] != "info")
+    return UsageError("server: the command is `server info`");
   auto info = client.GetServerInfo();
   if (!info.ok()) return RpcError(info.status());
   if (Json()) {
@@ -315,7 +319,8 @@ int ServerCommand(tessera::Client& client, const std::vector<std::string>& args)
             << info->mps_reason() << ")\n"
             << "transport: " << info->transport_security() << "\n"
             << "tenants:   " << info->tenant_count() << "\n"
-            << "overcommit:" << " " << info->memory_overcommit() << "\n";
+            << "overcommit:"
+            << " " << info->memory_overcommit() << "\n";
   for (const auto& d : info->devices()) {
     std::cout << "device " << d.index() << ":  " << d.name() << ", memory "
               << Bytes(d.memory_bytes()) << ", reserved " << Bytes(d.reserved_bytes()) << " of "

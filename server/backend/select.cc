@@ -1,10 +1,11 @@
 #include "server/backend/select.h"
 
-#include <dlfcn.h>
-
 #include <thread>
 
+#include <dlfcn.h>
+
 #include "absl/strings/str_cat.h"
+
 #include "server/backend/cpu/cpu_backend.h"
 
 namespace tessera {
@@ -45,9 +46,9 @@ absl::StatusOr<BackendChoice> SelectBackend(const BackendOptions& options) {
     reason = absl::StrCat("--backend=auto: ", why);
   }
   if (options.mps == "require") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--mps=require: MPS needs the CUDA backend, but the CPU backend would serve (", reason,
-        "); use --mps=auto or --mps=off"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--mps=require: MPS needs the CUDA backend, but the CPU backend would serve (",
+                     reason, "); use --mps=auto or --mps=off"));
   }
 
   uint64_t memory = options.cpu_memory_bytes;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+
 #include "server/backend/backend.h"
 
 namespace tessera {

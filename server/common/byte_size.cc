@@ -15,8 +15,8 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   absl::string_view number = s.substr(0, split);
   std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(s.substr(split)));
   auto bad = [&] {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "\"", text, "\" is not a byte size (examples: 1048576, 512MiB, 1.5GiB)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", text, "\" is not a byte size (examples: 1048576, 512MiB, 1.5GiB)"));
   };
   if (number.empty()) return bad();
   int shift = 0;

@@ -55,14 +55,15 @@ class JsonEscapedMessage final : public spdlog::custom_flag_formatter {
 absl::Status InitLogging(absl::string_view format, absl::string_view level) {
   spdlog::level::level_enum parsed = spdlog::level::from_str(std::string(level));
   if (parsed == spdlog::level::off && level != "off") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--log_level=", level, ": allowed values are trace, debug, info, warn, error, "
-        "critical, off"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log_level=", level,
+                     ": allowed values are trace, debug, info, warn, error, "
+                     "critical, off"));
   }
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   if (format == "json") {
-    auto formatter = std::make_unique<spdlog::pattern_formatter>(
-        spdlog::pattern_time_type::utc, std::string("\n"));
+    auto formatter = std::make_unique<spdlog::pattern_formatter>(spdlog::pattern_time_type::utc,
+                                                                 std::string("\n"));
     formatter->add_flag<JsonEscapedMessage>('*').set_pattern(
         R"({"time":"%Y-%m-%dT%H:%M:%S.%fZ","level":"%l","thread":%t,"msg":"%*"})");
     sink->set_formatter(std::move(formatter));

@@ -5,11 +5,11 @@
 #include "absl/status/statusor.h"
 
 /// Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                                \
-  do {                                                       \
+#define RETURN_IF_ERROR(expr)                                           \
+  do {                                                                  \
     if (absl::Status _tessera_status = (expr); !_tessera_status.ok()) { \
-      return _tessera_status;                                \
-    }                                                        \
+      return _tessera_status;                                           \
+    }                                                                   \
   } while (false)
 
 #define TESSERA_CONCAT_INNER_(a, b) a##b

@@ -1,13 +1,13 @@
 #include "server/core/admin_token.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
@@ -19,9 +19,9 @@ namespace {
 
 absl::Status CheckLength(absl::string_view token, absl::string_view source) {
   if (token.size() < kMinAdminTokenLength) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("admin token from ", source, " is ", token.size(),
-                     " characters; at least ", kMinAdminTokenLength, " are required"));
+    return absl::FailedPreconditionError(absl::StrCat("admin token from ", source, " is ",
+                                                      token.size(), " characters; at least ",
+                                                      kMinAdminTokenLength, " are required"));
   }
   return absl::OkStatus();
 }
@@ -80,15 +80,14 @@ absl::StatusOr<AdminCredential> LoadOrCreateAdminToken(const std::string& path,
     return credential;
   }
   if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
-    credential.warning = absl::StrFormat(
-        "admin token file %s has mode %04o: readable by others; chmod 600 it", path,
-        st.st_mode & 07777);
+    credential.warning =
+        absl::StrFormat("admin token file %s has mode %04o: readable by others; chmod 600 it", path,
+                        st.st_mode & 07777);
   }
   std::ifstream in(path);
   std::string line;
   if (!in || !std::getline(in, line)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot read admin token file ", path));
+    return absl::FailedPreconditionError(absl::StrCat("cannot read admin token file ", path));
   }
   std::string token(absl::StripAsciiWhitespace(line));
   if (absl::Status s = CheckLength(token, path); !s.ok()) return s;

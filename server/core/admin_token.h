@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+
 #include "server/core/token.h"
 
 namespace tessera {

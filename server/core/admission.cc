@@ -21,9 +21,9 @@ bool HasContextSlot(const DeviceLoad& d) {
 
 absl::Status CheckFits(const DeviceLoad& d, double overcommit, uint64_t request_bytes) {
   if (!HasContextSlot(d)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "device ", d.device.index, " (", d.device.name, ") already has ", d.contexts,
-        " tenant contexts; its limit is ", d.device.context_limit));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("device ", d.device.index, " (", d.device.name, ") already has ", d.contexts,
+                     " tenant contexts; its limit is ", d.device.context_limit));
   }
   uint64_t free = Unreserved(d, overcommit);
   if (request_bytes > free) {
@@ -54,8 +54,8 @@ absl::StatusOr<int> ChooseDevice(const std::vector<DeviceLoad>& devices, double 
   if (requested_device.has_value()) {
     int index = *requested_device;
     if (index < 0 || static_cast<size_t>(index) >= devices.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("device_index is ", index, "; the range is 0..",
-                                                     devices.size() - 1));
+      return absl::InvalidArgumentError(
+          absl::StrCat("device_index is ", index, "; the range is 0..", devices.size() - 1));
     }
     absl::Status fits = CheckFits(devices[index], overcommit, request_bytes);
     if (!fits.ok()) return fits;

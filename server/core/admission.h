@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+
 #include "server/backend/backend.h"
 
 namespace tessera {

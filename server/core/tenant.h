@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+
 #include "server/core/token.h"
 
 namespace tessera {

@@ -3,11 +3,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+#include "server/common/logging.h"
 #include "server/common/status_macros.h"
 #include "server/core/token.h"
 #include "server/core/validation.h"
-#include "server/common/logging.h"
-#include "spdlog/spdlog.h"
 
 namespace tessera {
 namespace {
@@ -58,15 +59,16 @@ absl::Status TenantTable::Restore() {
       absl::StatusOr<int> device = ChooseDevice(loads, options_.memory_overcommit,
                                                 record.quota.device_memory_bytes, std::nullopt);
       int placed = device.ok() ? *device : 0;
-      spdlog::warn("restore: tenant {} was on device {}, which this host does not have; "
-                   "placing it on device {}{}",
-                   record.id, record.device_index, placed,
-                   device.ok() ? "" : absl::StrCat(" although ", device.status().message()));
+      spdlog::warn(
+          "restore: tenant {} was on device {}, which this host does not have; "
+          "placing it on device {}{}",
+          record.id, record.device_index, placed,
+          device.ok() ? "" : absl::StrCat(" although ", device.status().message()));
       record.device_index = placed;
       RETURN_IF_ERROR(store_->Update(record));
     }
-    absl::StatusOr<std::unique_ptr<TenantContext>> context = backend_->CreateContext(
-        ContextRequest{record.id, record.quota, record.device_index});
+    absl::StatusOr<std::unique_ptr<TenantContext>> context =
+        backend_->CreateContext(ContextRequest{record.id, record.quota, record.device_index});
     if (!context.ok()) {
       return absl::Status(context.status().code(),
                           absl::StrCat("restore: cannot rebuild the context of tenant \"",
@@ -83,9 +85,10 @@ absl::Status TenantTable::Restore() {
   for (const DeviceLoad& load : DeviceLoadsLocked()) {
     uint64_t reservable = ReservableBytes(load.device.memory_bytes, options_.memory_overcommit);
     if (load.reserved_bytes > reservable) {
-      spdlog::warn("restore: device {} has {} reserved but only {} reservable; new "
-                   "registrations on it will be refused until tenants leave",
-                   load.device.index, FormatBytes(load.reserved_bytes), FormatBytes(reservable));
+      spdlog::warn(
+          "restore: device {} has {} reserved but only {} reservable; new "
+          "registrations on it will be refused until tenants leave",
+          load.device.index, FormatBytes(load.reserved_bytes), FormatBytes(reservable));
     }
   }
   return absl::OkStatus();
@@ -120,8 +123,8 @@ absl::StatusOr<TenantTable::Registered> TenantTable::Register(TenantSpec spec) {
                                .key_hash = HashCredential(api_key)};
   // Context first: a committed tenant always has one. If the commit fails, the context is
   // destroyed with `entry` and nothing was recorded.
-  ASSIGN_OR_RETURN(entry->context, backend_->CreateContext(
-                                       ContextRequest{spec.id, spec.quota, device}));
+  ASSIGN_OR_RETURN(entry->context,
+                   backend_->CreateContext(ContextRequest{spec.id, spec.quota, device}));
   RETURN_IF_ERROR(store_->Insert(entry->record));
 
   Registered result{ViewOf(*entry), std::move(api_key)};
@@ -161,8 +164,7 @@ absl::StatusOr<TenantRecord> TenantTable::RecordOf(absl::string_view id) const {
   return it->second->record;
 }
 
-absl::StatusOr<TenantView> TenantTable::Update(absl::string_view id,
-                                               const MetadataUpdate& update) {
+absl::StatusOr<TenantView> TenantTable::Update(absl::string_view id, const MetadataUpdate& update) {
   absl::MutexLock mutation(&mutation_mu_);
   ASSIGN_OR_RETURN(TenantRecord record, RecordOf(id));
   if (update.quota_named) return QuotaImmutableError(id);

@@ -6,13 +6,14 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+
 #include "server/backend/backend.h"
 #include "server/core/admission.h"
 #include "server/core/tenant.h"
@@ -93,8 +94,7 @@ class TenantTable {
 
   /// The tenant id a valid API key belongs to; UNAUTHENTICATED otherwise (the same message
   /// for an unknown tenant and a wrong secret, so keys reveal nothing).
-  absl::StatusOr<std::string> AuthenticateKey(absl::string_view key) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::string> AuthenticateKey(absl::string_view key) const ABSL_LOCKS_EXCLUDED(mu_);
 
   /// Per device: its info, reserved bytes and tenant count.
   std::vector<DeviceLoad> DeviceLoads() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -1,10 +1,10 @@
 #include "server/core/token.h"
 
+#include <string>
+
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
-
-#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
@@ -22,8 +22,7 @@ absl::StatusOr<std::string> RandomToken(size_t n) {
 
 KeyHash HashCredential(absl::string_view credential) {
   KeyHash out;
-  SHA256(reinterpret_cast<const unsigned char*>(credential.data()), credential.size(),
-         out.data());
+  SHA256(reinterpret_cast<const unsigned char*>(credential.data()), credential.size(), out.data());
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+
 #include "server/common/status_macros.h"
 
 namespace tessera {
@@ -32,9 +33,8 @@ std::string Quote(absl::string_view s) {
 absl::Status ValidateTenantId(absl::string_view id, absl::string_view field) {
   if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is required"));
   if (id.size() > kMaxTenantIdLength) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " is ", id.size(),
-                                                   " characters; the limit is ",
-                                                   kMaxTenantIdLength));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is ", id.size(), " characters; the limit is ", kMaxTenantIdLength));
   }
   for (char c : id) {
     if (!IsLowerAlnum(c) && c != '-') {
@@ -53,8 +53,7 @@ absl::Status ValidateTenantId(absl::string_view id, absl::string_view field) {
 absl::Status ValidateDisplayName(absl::string_view name) {
   if (name.size() > kMaxDisplayNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat("display_name is ", name.size(),
-                                                   " bytes; the limit is ",
-                                                   kMaxDisplayNameBytes));
+                                                   " bytes; the limit is ", kMaxDisplayNameBytes));
   }
   if (HasControlCharacter(name)) {
     return absl::InvalidArgumentError("display_name may not contain control characters");
@@ -74,8 +73,8 @@ absl::Status ValidateLabels(const Labels& labels) {
     }
     for (char c : key) {
       if (!IsLowerAlnum(c) && c != '-' && c != '_' && c != '.') {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "labels key ", Quote(key), " may contain only [a-z0-9._-]"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("labels key ", Quote(key), " may contain only [a-z0-9._-]"));
       }
     }
     if (!IsLowerAlnum(key.front()) || !IsLowerAlnum(key.back())) {
@@ -84,8 +83,7 @@ absl::Status ValidateLabels(const Labels& labels) {
     }
     if (value.size() > kMaxLabelValueBytes) {
       return absl::InvalidArgumentError(absl::StrCat("labels[", key, "] is ", value.size(),
-                                                     " bytes; the limit is ",
-                                                     kMaxLabelValueBytes));
+                                                     " bytes; the limit is ", kMaxLabelValueBytes));
     }
     if (HasControlCharacter(value)) {
       return absl::InvalidArgumentError(
@@ -102,15 +100,15 @@ absl::StatusOr<Quota> NormalizeQuota(const Quota& requested) {
   if (q.max_queued_jobs == 0) q.max_queued_jobs = kDefaultMaxQueuedJobs;
 
   if (q.device_memory_bytes == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "quota.device_memory_bytes is required (at least %d bytes = 1 MiB)",
-        kMinDeviceMemoryBytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("quota.device_memory_bytes is required (at least %d bytes = 1 MiB)",
+                        kMinDeviceMemoryBytes));
   }
   if (q.device_memory_bytes < kMinDeviceMemoryBytes ||
       q.device_memory_bytes > kMaxDeviceMemoryBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "quota.device_memory_bytes is %d; the range is %d (1 MiB) .. %d (1 PiB)",
-        q.device_memory_bytes, kMinDeviceMemoryBytes, kMaxDeviceMemoryBytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("quota.device_memory_bytes is %d; the range is %d (1 MiB) .. %d (1 PiB)",
+                        q.device_memory_bytes, kMinDeviceMemoryBytes, kMaxDeviceMemoryBytes));
   }
   if (q.compute_share_percent > kMaxComputeSharePercent) {
     return absl::InvalidArgumentError(
@@ -118,17 +116,17 @@ absl::StatusOr<Quota> NormalizeQuota(const Quota& requested) {
                         q.compute_share_percent, kMaxComputeSharePercent));
   }
   if (q.max_streams > kMaxStreams) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "quota.max_streams is %d; the range is 1..%d", q.max_streams, kMaxStreams));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("quota.max_streams is %d; the range is 1..%d", q.max_streams, kMaxStreams));
   }
   if (q.max_queued_jobs > kMaxQueuedJobs) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "quota.max_queued_jobs is %d; the range is 1..%d", q.max_queued_jobs, kMaxQueuedJobs));
   }
   if (q.priority != Priority::kNormal && q.priority != Priority::kLow) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "quota.priority is %d; allowed: PRIORITY_NORMAL (1), PRIORITY_LOW (2)",
-        static_cast<int>(q.priority)));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("quota.priority is %d; allowed: PRIORITY_NORMAL (1), PRIORITY_LOW (2)",
+                        static_cast<int>(q.priority)));
   }
   return q;
 }

@@ -2,10 +2,11 @@
 #define TESSERA_SERVER_CORE_VALIDATION_H_
 
 #include <cstdint>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
 #include "server/core/tenant.h"
 
 namespace tessera {

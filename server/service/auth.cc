@@ -18,8 +18,7 @@ absl::StatusOr<std::string> BearerToken(const grpc::ServerContextBase& context) 
   absl::string_view value(begin->second.data(), begin->second.size());
   constexpr absl::string_view kScheme = "bearer ";
   if (value.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(value, kScheme)) {
-    return absl::UnauthenticatedError(
-        "authorization metadata must be \"Bearer <token>\"");
+    return absl::UnauthenticatedError("authorization metadata must be \"Bearer <token>\"");
   }
   value.remove_prefix(kScheme.size());
   return std::string(absl::StripAsciiWhitespace(value));
@@ -41,8 +40,7 @@ absl::StatusOr<std::string> Authenticator::AuthenticateTenant(
   absl::StatusOr<std::string> token = BearerToken(context);
   if (!token.ok()) return token.status();
   if (HashesEqual(HashCredential(*token), admin_hash_)) {
-    return absl::PermissionDeniedError(
-        "the admin token cannot call Compute; use a tenant API key");
+    return absl::PermissionDeniedError("the admin token cannot call Compute; use a tenant API key");
   }
   return tenants_->AuthenticateKey(*token);
 }

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+
 #include "server/core/tenant_table.h"
 #include "server/core/token.h"
 

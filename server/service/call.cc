@@ -5,8 +5,9 @@
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
-#include "server/common/logging.h"
 #include "spdlog/spdlog.h"
+
+#include "server/common/logging.h"
 
 namespace tessera {
 namespace {

@@ -2,9 +2,9 @@
 #define TESSERA_SERVER_SERVICE_CALL_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tessera {

@@ -1,6 +1,7 @@
 #include "server/service/compute_service.h"
 
 #include "absl/strings/str_cat.h"
+
 #include "server/service/call.h"
 
 namespace tessera {
@@ -23,15 +24,15 @@ class FinishedWriter final : public grpc::ServerWriteReactor<Message> {
 
 }  // namespace
 
-grpc::Status ComputeService::NotYet(grpc::CallbackServerContext* context,
-                                    const char* rpc) const {
+grpc::Status ComputeService::NotYet(grpc::CallbackServerContext* context, const char* rpc) const {
   CallLog log(context, rpc);
   absl::StatusOr<std::string> tenant = authenticator_->AuthenticateTenant(*context);
   if (!tenant.ok()) return log.Finish(tenant.status());
   log.set_tenant(*tenant);
-  return log.Finish(absl::UnimplementedError(absl::StrCat(
-      "Compute.", rpc, " is not available in this release: the data plane (tensors, kernels, "
-      "jobs) is not implemented yet; your tenant key was accepted")));
+  return log.Finish(absl::UnimplementedError(
+      absl::StrCat("Compute.", rpc,
+                   " is not available in this release: the data plane (tensors, kernels, "
+                   "jobs) is not implemented yet; your tenant key was accepted")));
 }
 
 grpc::ServerUnaryReactor* ComputeService::Unary(grpc::CallbackServerContext* context,
@@ -58,8 +59,7 @@ grpc::ServerWriteReactor<v1::ReadTensorResponse>* ComputeService::ReadTensor(
 }
 
 grpc::ServerUnaryReactor* ComputeService::GetTensor(grpc::CallbackServerContext* context,
-                                                    const v1::GetTensorRequest*,
-                                                    v1::TensorInfo*) {
+                                                    const v1::GetTensorRequest*, v1::TensorInfo*) {
   return Unary(context, "GetTensor");
 }
 

@@ -19,8 +19,8 @@ class ComputeService final : public v1::Compute::CallbackService {
   grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* context,
                                          const v1::CreateTensorRequest* request,
                                          v1::TensorInfo* response) override;
-  grpc::ServerReadReactor<v1::WriteTensorRequest>* WriteTensor(
-      grpc::CallbackServerContext* context, v1::TensorInfo* response) override;
+  grpc::ServerReadReactor<v1::WriteTensorRequest>* WriteTensor(grpc::CallbackServerContext* context,
+                                                               v1::TensorInfo* response) override;
   grpc::ServerWriteReactor<v1::ReadTensorResponse>* ReadTensor(
       grpc::CallbackServerContext* context, const v1::ReadTensorRequest* request) override;
   grpc::ServerUnaryReactor* GetTensor(grpc::CallbackServerContext* context,

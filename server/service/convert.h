@@ -3,6 +3,7 @@
 
 #include "absl/time/time.h"
 #include "google/protobuf/timestamp.pb.h"
+
 #include "server/backend/backend.h"
 #include "server/core/tenant.h"
 #include "server/core/tenant_table.h"

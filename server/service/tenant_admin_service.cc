@@ -6,6 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+
 #include "server/common/status_macros.h"
 #include "server/core/admission.h"
 #include "server/core/validation.h"
@@ -112,20 +113,20 @@ grpc::ServerUnaryReactor* TenantAdminService::Serve(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* TenantAdminService::RegisterTenant(
     grpc::CallbackServerContext* context, const v1::RegisterTenantRequest* request,
     v1::RegisterTenantResponse* response) {
-  return Serve(context, "RegisterTenant", /*mutation=*/true,
-               [this, request, response](CallLog& log) -> absl::Status {
-                 log.set_tenant(request->tenant_id().substr(0, kMaxTenantIdLength));
-                 ASSIGN_OR_RETURN(TenantTable::Registered registered,
-                                  tenants_->Register(TenantSpecFromProto(*request)));
-                 TenantToProto(registered.tenant, response->mutable_tenant());
-                 response->set_api_key(std::move(registered.api_key));
-                 log.Info(absl::StrCat(
-                     "registered on device ", registered.tenant.record.device_index,
-                     ", memory quota ",
-                     FormatBytes(registered.tenant.record.quota.device_memory_bytes),
-                     ", context ", ContextKindName(registered.tenant.context.kind)));
-                 return absl::OkStatus();
-               });
+  return Serve(
+      context, "RegisterTenant", /*mutation=*/true,
+      [this, request, response](CallLog& log) -> absl::Status {
+        log.set_tenant(request->tenant_id().substr(0, kMaxTenantIdLength));
+        ASSIGN_OR_RETURN(TenantTable::Registered registered,
+                         tenants_->Register(TenantSpecFromProto(*request)));
+        TenantToProto(registered.tenant, response->mutable_tenant());
+        response->set_api_key(std::move(registered.api_key));
+        log.Info(absl::StrCat("registered on device ", registered.tenant.record.device_index,
+                              ", memory quota ",
+                              FormatBytes(registered.tenant.record.quota.device_memory_bytes),
+                              ", context ", ContextKindName(registered.tenant.context.kind)));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* TenantAdminService::GetTenant(grpc::CallbackServerContext* context,
@@ -143,25 +144,26 @@ grpc::ServerUnaryReactor* TenantAdminService::GetTenant(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* TenantAdminService::ListTenants(grpc::CallbackServerContext* context,
                                                           const v1::ListTenantsRequest* request,
                                                           v1::ListTenantsResponse* response) {
-  return Serve(
-      context, "ListTenants", /*mutation=*/false,
-      [this, request, response](CallLog&) -> absl::Status {
-        if (request->page_size() < 0 || request->page_size() > kMaxPageSize) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "page_size is ", request->page_size(), "; the range is 0..", kMaxPageSize,
-              " (0 means ", kDefaultPageSize, ")"));
-        }
-        std::string after;
-        if (!request->page_token().empty()) {
-          ASSIGN_OR_RETURN(after, DecodePageToken(request->page_token()));
-        }
-        int limit = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
-        TenantTable::Page page = tenants_->List(after, static_cast<size_t>(limit));
-        for (const TenantView& view : page.tenants) TenantToProto(view, response->add_tenants());
-        if (!page.last_id.empty()) response->set_next_page_token(EncodePageToken(page.last_id));
-        response->set_total_size(static_cast<int32_t>(page.total));
-        return absl::OkStatus();
-      });
+  return Serve(context, "ListTenants", /*mutation=*/false,
+               [this, request, response](CallLog&) -> absl::Status {
+                 if (request->page_size() < 0 || request->page_size() > kMaxPageSize) {
+                   return absl::InvalidArgumentError(
+                       absl::StrCat("page_size is ", request->page_size(), "; the range is 0..",
+                                    kMaxPageSize, " (0 means ", kDefaultPageSize, ")"));
+                 }
+                 std::string after;
+                 if (!request->page_token().empty()) {
+                   ASSIGN_OR_RETURN(after, DecodePageToken(request->page_token()));
+                 }
+                 int limit = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
+                 TenantTable::Page page = tenants_->List(after, static_cast<size_t>(limit));
+                 for (const TenantView& view : page.tenants)
+                   TenantToProto(view, response->add_tenants());
+                 if (!page.last_id.empty())
+                   response->set_next_page_token(EncodePageToken(page.last_id));
+                 response->set_total_size(static_cast<int32_t>(page.total));
+                 return absl::OkStatus();
+               });
 }
 
 grpc::ServerUnaryReactor* TenantAdminService::UpdateTenant(grpc::CallbackServerContext* context,
@@ -183,18 +185,18 @@ grpc::ServerUnaryReactor* TenantAdminService::UpdateTenant(grpc::CallbackServerC
 grpc::ServerUnaryReactor* TenantAdminService::DeregisterTenant(
     grpc::CallbackServerContext* context, const v1::DeregisterTenantRequest* request,
     v1::DeregisterTenantResponse* response) {
-  return Serve(context, "DeregisterTenant", /*mutation=*/true,
-               [this, request, response](CallLog& log) -> absl::Status {
-                 RETURN_IF_ERROR(ValidateTenantId(request->tenant_id()));
-                 log.set_tenant(request->tenant_id());
-                 ASSIGN_OR_RETURN(TenantTable::Deregistered gone,
-                                  tenants_->Deregister(request->tenant_id()));
-                 TenantToProto(gone.tenant, response->mutable_tenant());
-                 response->set_released_memory_bytes(gone.released_memory_bytes);
-                 log.Info(absl::StrCat("deregistered; released ",
-                                       FormatBytes(gone.released_memory_bytes)));
-                 return absl::OkStatus();
-               });
+  return Serve(
+      context, "DeregisterTenant", /*mutation=*/true,
+      [this, request, response](CallLog& log) -> absl::Status {
+        RETURN_IF_ERROR(ValidateTenantId(request->tenant_id()));
+        log.set_tenant(request->tenant_id());
+        ASSIGN_OR_RETURN(TenantTable::Deregistered gone,
+                         tenants_->Deregister(request->tenant_id()));
+        TenantToProto(gone.tenant, response->mutable_tenant());
+        response->set_released_memory_bytes(gone.released_memory_bytes);
+        log.Info(absl::StrCat("deregistered; released ", FormatBytes(gone.released_memory_bytes)));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* TenantAdminService::RotateTenantKey(

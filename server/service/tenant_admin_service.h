@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+
 #include "server/backend/backend.h"
 #include "server/common/serial_executor.h"
 #include "server/core/tenant_table.h"

@@ -1,13 +1,13 @@
 #include "server/store/state_dir.h"
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 
@@ -31,10 +31,10 @@ absl::StatusOr<std::unique_ptr<StateDir>> StateDir::Open(const std::string& path
     int error = errno;
     close(fd);
     if (error == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "state directory ", path,
-          " is in use by another tessera-server (its LOCK is held); stop it or pass a "
-          "different --state_dir"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("state directory ", path,
+                       " is in use by another tessera-server (its LOCK is held); stop it or pass a "
+                       "different --state_dir"));
     }
     return absl::FailedPreconditionError(
         absl::StrCat("cannot lock ", lock_path, ": ", std::strerror(error)));

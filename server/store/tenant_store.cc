@@ -1,12 +1,13 @@
 #include "server/store/tenant_store.h"
 
-#include <sqlite3.h>
-
 #include <cstring>
 #include <utility>
 
+#include <sqlite3.h>
+
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+
 #include "server/common/status_macros.h"
 
 namespace tessera {
@@ -136,9 +137,8 @@ class Transaction {
 
 absl::StatusOr<std::unique_ptr<TenantStore>> TenantStore::Open(const std::string& path) {
   sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                           nullptr);
+  int rc = sqlite3_open_v2(
+      path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string message = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
     sqlite3_close(db);
@@ -277,8 +277,8 @@ absl::StatusOr<std::vector<TenantRecord>> TenantStore::LoadAll() {
     r.key_create_time = FromMicros(stmt.Int(10));
     const void* blob = sqlite3_column_blob(stmt.get(), 11);
     if (blob == nullptr || sqlite3_column_bytes(stmt.get(), 11) != 32) {
-      return absl::DataLossError(absl::StrCat("state store: tenant \"", r.id,
-                                              "\" has a malformed key hash"));
+      return absl::DataLossError(
+          absl::StrCat("state store: tenant \"", r.id, "\" has a malformed key hash"));
     }
     std::memcpy(r.key_hash.data(), blob, r.key_hash.size());
     records.push_back(std::move(r));

@@ -1,6 +1,7 @@
 // Smoke test of the `tessera` CLI against a real server.
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "tests/testing/server_fixture.h"
 
 namespace tessera {

@@ -1,15 +1,16 @@
 // Process lifecycle and the ops surface: restart and restore, signals, health, reflection,
 // start-up errors.
-#include <signal.h>
-
 #include <fstream>
 #include <set>
+
+#include <signal.h>
 
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
+
 #include "tests/testing/server_fixture.h"
 
 namespace tessera {
@@ -146,8 +147,8 @@ TEST_F(LifecycleTest, ReflectionListsAndDescribesTheServices) {
 }
 
 TEST_F(LifecycleTest, SecondServerOnTheSameStateDirIsRefused) {
-  auto second = testing::ServerProcess::Start(
-      {.state_dir = dir_.File("var"), .args = {"--backend=cpu"}});
+  auto second =
+      testing::ServerProcess::Start({.state_dir = dir_.File("var"), .args = {"--backend=cpu"}});
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(second.status().message(), HasSubstr("in use by another tessera-server"));
   EXPECT_TRUE(admin_->GetServerInfo().ok());  // the first is unaffected

@@ -3,6 +3,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "tests/testing/server_fixture.h"
 
 namespace tessera {
@@ -10,8 +11,8 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::SizeIs;
 using testing::kGiB;
+using ::testing::SizeIs;
 
 class TenantAdminTest : public testing::ServerTest {
  protected:
@@ -49,8 +50,7 @@ TEST_F(TenantAdminTest, RegisterGetAndList) {
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->SerializeAsString(), t.SerializeAsString());
   EXPECT_EQ(admin_->GetTenant("nobody").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(admin_->GetTenant("Not-A-Label").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(admin_->GetTenant("Not-A-Label").status().code(), absl::StatusCode::kInvalidArgument);
 
   MustRegister("beta");
   auto listed = admin_->ListTenants();
@@ -76,8 +76,7 @@ TEST_F(TenantAdminTest, ListPagesWithTokens) {
   } while (!token.empty() && pages < 10);
   EXPECT_EQ(pages, 3);
   EXPECT_THAT(seen, ElementsAre("t1", "t2", "t3", "t4", "t5"));
-  EXPECT_EQ(admin_->ListTenants(2, "garbage!").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(admin_->ListTenants(2, "garbage!").status().code(), absl::StatusCode::kInvalidArgument);
   absl::Status too_big = admin_->ListTenants(1001).status();
   EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(too_big.message(), HasSubstr("page_size"));
@@ -137,8 +136,7 @@ TEST_F(TenantAdminTest, UpdateMaskIsValidated) {
   EXPECT_EQ(admin_->UpdateTenant(change, {}).status().code(),
             absl::StatusCode::kInvalidArgument);  // nothing to update
   change.set_tenant_id("nobody");
-  EXPECT_EQ(admin_->UpdateTenant(change, {"labels"}).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(admin_->UpdateTenant(change, {"labels"}).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(TenantAdminTest, DuplicateIdIsAlreadyExists) {

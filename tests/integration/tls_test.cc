@@ -1,6 +1,7 @@
 // TLS and mutual TLS with certificates minted per test run by the openssl CLI.
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "tessera/client.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"

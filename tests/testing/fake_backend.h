@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+
 #include "server/backend/backend.h"
 
 namespace tessera::testing {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+
 #include "tessera/client.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
@@ -32,8 +33,8 @@ class ServerTest : public ::testing::Test {
   }
 
   std::unique_ptr<Client> ClientWith(const std::string& token) const {
-    auto client = Client::Connect({.address = server_->address(), .token = token,
-                                   .timeout = absl::Seconds(20)});
+    auto client = Client::Connect(
+        {.address = server_->address(), .token = token, .timeout = absl::Seconds(20)});
     EXPECT_TRUE(client.ok()) << client.status();
     return *std::move(client);
   }

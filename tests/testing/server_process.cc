@@ -1,17 +1,17 @@
 #include "tests/testing/server_process.h"
 
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <regex>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <optional>
-#include <regex>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -24,8 +24,7 @@ namespace {
 
 // Starts argv[0] with stdout+stderr on a pipe; returns the pid and the read end.
 absl::Status Spawn(const std::vector<std::string>& argv,
-                   const std::map<std::string, std::string>& extra_env, pid_t* pid,
-                   int* read_fd) {
+                   const std::map<std::string, std::string>& extra_env, pid_t* pid, int* read_fd) {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry(*e);
@@ -111,8 +110,8 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(Options opti
     if (std::optional<int> code = WaitUntil(pid, absl::Now()); code.has_value()) {
       server->exited_ = true;
       server->WaitForEof(absl::Seconds(2));  // collect the last words
-      return absl::FailedPreconditionError(absl::StrCat(
-          "tessera-server exited with ", *code, " before serving:\n", server->output()));
+      return absl::FailedPreconditionError(absl::StrCat("tessera-server exited with ", *code,
+                                                        " before serving:\n", server->output()));
     }
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(
@@ -220,9 +219,8 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
   if (!code.has_value()) {
     kill(pid, SIGKILL);
     WaitUntil(pid, absl::Now() + absl::Seconds(10));
-    return absl::DeadlineExceededError(absl::StrCat(argv[0], " did not finish within ",
-                                                    absl::FormatDuration(timeout), ":\n",
-                                                    result.output));
+    return absl::DeadlineExceededError(absl::StrCat(
+        argv[0], " did not finish within ", absl::FormatDuration(timeout), ":\n", result.output));
   }
   result.exit_code = *code;
   return result;

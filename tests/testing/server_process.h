@@ -1,13 +1,13 @@
 #ifndef TESSERA_TESTS_TESTING_SERVER_PROCESS_H_
 #define TESSERA_TESTS_TESTING_SERVER_PROCESS_H_
 
-#include <sys/types.h>
-
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/types.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"

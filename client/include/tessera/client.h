@@ -4,13 +4,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+
 #include "tessera/v1/compute.grpc.pb.h"
 #include "tessera/v1/tenant_admin.grpc.pb.h"
 

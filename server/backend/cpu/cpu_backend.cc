@@ -1,8 +1,8 @@
 #include "server/backend/cpu/cpu_backend.h"
 
-#include <unistd.h>
-
 #include <utility>
+
+#include <unistd.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -30,15 +30,14 @@ CpuBackend::CpuBackend(Options options)
                           .compute_units = options_.worker_threads}} {}
 
 MpsState CpuBackend::mps() const {
-  return MpsState{MpsDecision::kNotApplicable,
-                  "MPS does not apply: the CPU backend is serving"};
+  return MpsState{MpsDecision::kNotApplicable, "MPS does not apply: the CPU backend is serving"};
 }
 
 absl::StatusOr<std::unique_ptr<TenantContext>> CpuBackend::CreateContext(
     const ContextRequest& request) {
   if (request.device_index != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device_index is ", request.device_index, "; the CPU backend has only device 0"));
+    return absl::InvalidArgumentError(absl::StrCat("device_index is ", request.device_index,
+                                                   "; the CPU backend has only device 0"));
   }
   return std::make_unique<CpuContext>(ContextInfo{
       .kind = ContextKind::kCpu,

@@ -1,9 +1,9 @@
 #include "server/backend/select.h"
 
-#include "server/backend/cpu/cpu_backend.h"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
+#include "server/backend/cpu/cpu_backend.h"
 
 namespace tessera {
 namespace {
@@ -13,8 +13,8 @@ using ::testing::HasSubstr;
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 
 TEST(SelectBackendTest, CpuWhenAskedWithTheConfiguredCapacity) {
-  auto choice = SelectBackend({.backend = "cpu", .mps = "auto", .cpu_memory_bytes = 3 * kGiB,
-                               .cpu_threads = 5});
+  auto choice = SelectBackend(
+      {.backend = "cpu", .mps = "auto", .cpu_memory_bytes = 3 * kGiB, .cpu_threads = 5});
   ASSERT_TRUE(choice.ok()) << choice.status();
   EXPECT_EQ(choice->backend->name(), "cpu");
   EXPECT_EQ(choice->reason, "--backend=cpu");

@@ -19,8 +19,8 @@ TEST(ByteSizeTest, ParsesPlainAndBinaryUnits) {
 }
 
 TEST(ByteSizeTest, RefusesGarbageAndOverflow) {
-  for (const char* bad : {"", "GiB", "-1", "1XB", "1 GiBs", "abc", "1e3", "99999999999P",
-                          "18446744073709551616"}) {
+  for (const char* bad :
+       {"", "GiB", "-1", "1XB", "1 GiBs", "abc", "1e3", "99999999999P", "18446744073709551616"}) {
     EXPECT_FALSE(ParseByteSize(bad).ok()) << bad;
   }
 }

@@ -34,10 +34,12 @@ TEST(SerialExecutorTest, BoundsTheQueue) {
   SerialExecutor executor("bounded", 2);
   absl::Notification release;
   absl::Notification started;
-  ASSERT_TRUE(executor.Schedule([&] {
-    started.Notify();
-    release.WaitForNotification();
-  }).ok());
+  ASSERT_TRUE(executor
+                  .Schedule([&] {
+                    started.Notify();
+                    release.WaitForNotification();
+                  })
+                  .ok());
   started.WaitForNotification();
   EXPECT_TRUE(executor.Schedule([] {}).ok());
   EXPECT_TRUE(executor.Schedule([] {}).ok());

@@ -1,11 +1,12 @@
 #include "server/core/admin_token.h"
 
-#include <sys/stat.h>
-
 #include <fstream>
+
+#include <sys/stat.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "tests/testing/temp_dir.h"
 
 namespace tessera {

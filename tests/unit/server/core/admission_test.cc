@@ -14,8 +14,10 @@ constexpr uint64_t kGiB = uint64_t{1} << 30;
 
 DeviceLoad Device(int index, uint64_t memory, uint64_t reserved = 0, uint32_t contexts = 0,
                   uint32_t limit = 0) {
-  return DeviceLoad{DeviceInfo{.index = index, .name = "dev" + std::to_string(index),
-                               .memory_bytes = memory, .context_limit = limit},
+  return DeviceLoad{DeviceInfo{.index = index,
+                               .name = "dev" + std::to_string(index),
+                               .memory_bytes = memory,
+                               .context_limit = limit},
                     reserved, contexts};
 }
 
@@ -83,8 +85,7 @@ TEST(ChooseDeviceTest, ContextLimitIsEnforced) {
   absl::Status s = ChooseDevice(full, 1.0, kGiB, std::nullopt).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(s.message(), HasSubstr("limit is 48"));
-  EXPECT_EQ(ChooseDevice(full, 1.0, kGiB, 0).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ChooseDevice(full, 1.0, kGiB, 0).status().code(), absl::StatusCode::kResourceExhausted);
   // A full device is skipped in automatic placement even if it has the most memory.
   std::vector<DeviceLoad> mixed = {Device(0, 80 * kGiB, 0, 48, 48),
                                    Device(1, 40 * kGiB, 0, 47, 48)};

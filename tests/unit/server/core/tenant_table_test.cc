@@ -4,6 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "server/backend/cpu/cpu_backend.h"
 #include "tests/testing/fake_backend.h"
 #include "tests/testing/temp_dir.h"
@@ -38,8 +39,8 @@ class TenantTableTest : public ::testing::Test {
     table_.reset();
     store_.reset();
     store_ = *TenantStore::Open(dir_.File("tenants.db"));
-    auto table = TenantTable::Create({.memory_overcommit = overcommit}, store_.get(),
-                                     backend_.get());
+    auto table =
+        TenantTable::Create({.memory_overcommit = overcommit}, store_.get(), backend_.get());
     ASSERT_TRUE(table.ok()) << table.status();
     table_ = *std::move(table);
   }
@@ -70,10 +71,8 @@ TEST_F(TenantTableTest, DuplicateIdIsAlreadyExists) {
 }
 
 TEST_F(TenantTableTest, InvalidSpecIsRefusedBeforeAnyWork) {
-  EXPECT_EQ(table_->Register(Spec("Bad_Id")).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(table_->Register(Spec("alpha", 0)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table_->Register(Spec("Bad_Id")).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table_->Register(Spec("alpha", 0)).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(backend_->created().empty());
 }
 
@@ -214,7 +213,8 @@ TEST_F(TenantTableTest, RestoreMovesTenantsOffAMissingDevice) {
 }
 
 TEST_F(TenantTableTest, ListPagesInIdOrder) {
-  for (const char* id : {"d", "b", "a", "c", "e"}) ASSERT_TRUE(table_->Register(Spec(id, kGiB / 4)).ok());
+  for (const char* id : {"d", "b", "a", "c", "e"})
+    ASSERT_TRUE(table_->Register(Spec(id, kGiB / 4)).ok());
   auto first = table_->List("", 2);
   ASSERT_THAT(first.tenants, SizeIs(2));
   EXPECT_EQ(first.tenants[0].record.id, "a");

@@ -13,9 +13,9 @@ TEST(TokenTest, RandomTokensCarry256BitsAndDiffer) {
     absl::StatusOr<std::string> t = RandomToken();
     ASSERT_TRUE(t.ok());
     EXPECT_EQ(t->size(), 43u);  // 32 bytes base64url, no padding
-    EXPECT_EQ(t->find_first_not_of(
-                  "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"),
-              std::string::npos);
+    EXPECT_EQ(
+        t->find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"),
+        std::string::npos);
     seen.insert(*t);
   }
   EXPECT_EQ(seen.size(), 100u);

@@ -17,17 +17,17 @@ Quota ValidQuota() {
 }
 
 TEST(TenantIdTest, AcceptsDnsLabels) {
-  for (const std::string& id : {std::string("a"), std::string("0"), std::string("alpha"),
-                                std::string("team-7"), std::string("a1-b2-c3"),
-                                std::string(63, 'x')}) {
+  for (const std::string& id :
+       {std::string("a"), std::string("0"), std::string("alpha"), std::string("team-7"),
+        std::string("a1-b2-c3"), std::string(63, 'x')}) {
     EXPECT_TRUE(ValidateTenantId(id).ok()) << id;
   }
 }
 
 TEST(TenantIdTest, RefusesEverythingElseNamingTheField) {
   for (const std::string& id : {std::string(), std::string(64, 'x'), std::string("Alpha"),
-                               std::string("-a"), std::string("a-"), std::string("a_b"),
-                               std::string("a.b"), std::string("a b"), std::string("ä")}) {
+                                std::string("-a"), std::string("a-"), std::string("a_b"),
+                                std::string("a.b"), std::string("a b"), std::string("ä")}) {
     absl::Status s = ValidateTenantId(id);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << id;
     EXPECT_THAT(s.message(), HasSubstr("tenant_id")) << id;
@@ -121,8 +121,11 @@ TEST(QuotaTest, RefusesUnknownPriority) {
 }
 
 TEST(TenantSpecTest, ValidatesEveryPart) {
-  TenantSpec spec{.id = "alpha", .display_name = "A", .labels = {{"k", "v"}},
-                  .quota = ValidQuota(), .device_index = std::nullopt};
+  TenantSpec spec{.id = "alpha",
+                  .display_name = "A",
+                  .labels = {{"k", "v"}},
+                  .quota = ValidQuota(),
+                  .device_index = std::nullopt};
   ASSERT_TRUE(ValidateTenantSpec(spec).ok());
   TenantSpec bad = spec;
   bad.device_index = -1;

@@ -4,6 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
 #include "server/core/token.h"
 #include "server/store/state_dir.h"
 #include "tests/testing/temp_dir.h"
