@@ -2,6 +2,7 @@
 // start-up errors.
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include <signal.h>
 
@@ -152,6 +153,42 @@ TEST_F(LifecycleTest, SecondServerOnTheSameStateDirIsRefused) {
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(second.status().message(), HasSubstr("in use by another tessera-server"));
   EXPECT_TRUE(admin_->GetServerInfo().ok());  // the first is unaffected
+}
+
+TEST_F(LifecycleTest, JsonLogsCarryTheRequestIdOfAFailedCall) {
+  ASSERT_EQ(*server_->Stop(SIGTERM), 0);
+  StartServer({"--log_format=json", "--log_level=info"});
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer wrong-token");
+  context.AddMetadata("x-request-id", "req-json-7");
+  v1::ServerInfo info;
+  grpc::Status status = v1::TenantAdmin::NewStub(admin_->channel())
+                            ->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
+  ASSERT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  ASSERT_TRUE(server_->WaitForOutput("req-json-7", absl::Seconds(10)));
+  std::string line;
+  std::istringstream lines(server_->output());
+  while (std::getline(lines, line) && line.find("req-json-7") == std::string::npos) {
+  }
+  // One JSON object per line, with the level, the code and the request id.
+  EXPECT_EQ(line.front(), '{');
+  EXPECT_EQ(line.back(), '}');
+  EXPECT_THAT(line, HasSubstr("\"level\":\"warning\""));
+  EXPECT_THAT(line, HasSubstr("\"time\":\""));
+  EXPECT_THAT(line,
+              HasSubstr("rpc=GetServerInfo code=UNAUTHENTICATED tenant=- request_id=req-json-7"));
+  EXPECT_THAT(line, HasSubstr("invalid admin token"));
+}
+
+TEST_F(LifecycleTest, OversizedMessagesAreRefused) {
+  ASSERT_EQ(*server_->Stop(SIGTERM), 0);
+  StartServer({"--max_message_bytes=64KiB"});
+  v1::RegisterTenantRequest request = Registration("alpha");
+  (*request.mutable_labels())["blob"] = std::string(100 << 10, 'x');
+  absl::Status s = admin_->RegisterTenant(request).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(admin_->ListTenants()->tenants_size(), 0);
+  EXPECT_TRUE(admin_->RegisterTenant(Registration("alpha")).ok());  // the server is fine
 }
 
 TEST(StartupTest, ClearErrorsForBadConfiguration) {
