@@ -1,0 +1,154 @@
+// matmul through OpenBLAS (single-threaded calls; the scheduler spreads row blocks and
+// batches over workers). f16/bf16 are widened to f32, multiplied, and rounded once.
+#include <algorithm>
+#include <vector>
+
+#include <cblas.h>
+
+#include "kernels/cpu/element.h"
+#include "kernels/cpu/kernels_internal.h"
+
+namespace tessera::kernels::cpu {
+namespace {
+
+struct MatmulGeometry {
+  int64_t m = 0, n = 0, k = 0;
+  bool ta = false, tb = false;
+  int64_t lda = 0, ldb = 0;
+  Shape batch;                              // broadcast batch shape
+  std::vector<int64_t> a_offset, b_offset;  // per batch, in elements
+};
+
+MatmulGeometry MakeGeometry(const Plan& plan) {
+  MatmulGeometry g;
+  const Shape& a = plan.inputs[0].shape;
+  const Shape& b = plan.inputs[1].shape;
+  const Shape& y = plan.outputs[0].shape;
+  g.ta = AttrBool(plan.attrs, "transpose_a");
+  g.tb = AttrBool(plan.attrs, "transpose_b");
+  g.m = y[y.size() - 2];
+  g.n = y[y.size() - 1];
+  g.k = g.ta ? a[a.size() - 2] : a[a.size() - 1];
+  g.lda = a[a.size() - 1];
+  g.ldb = b[b.size() - 1];
+  g.batch.assign(y.begin(), y.end() - 2);
+  Shape a_batch(a.begin(), a.end() - 2);
+  Shape b_batch(b.begin(), b.end() - 2);
+  const int64_t a_matrix = a[a.size() - 2] * a[a.size() - 1];
+  const int64_t b_matrix = b[b.size() - 2] * b[b.size() - 1];
+  const int64_t batches = CheckedNumElements(g.batch);
+  g.a_offset.resize(batches);
+  g.b_offset.resize(batches);
+  // Offsets of each broadcast batch into a and b (stride 0 where a batch dim is 1).
+  std::vector<int64_t> a_strides(g.batch.size(), 0), b_strides(g.batch.size(), 0);
+  int64_t sa = a_matrix, sb = b_matrix;
+  for (size_t i = a_batch.size(); i-- > 0;) {
+    size_t d = g.batch.size() - a_batch.size() + i;
+    a_strides[d] = a_batch[i] == 1 ? 0 : sa;
+    sa *= a_batch[i];
+  }
+  for (size_t i = b_batch.size(); i-- > 0;) {
+    size_t d = g.batch.size() - b_batch.size() + i;
+    b_strides[d] = b_batch[i] == 1 ? 0 : sb;
+    sb *= b_batch[i];
+  }
+  for (int64_t t = 0; t < batches; ++t) {
+    int64_t rest = t, oa = 0, ob = 0;
+    for (size_t d = g.batch.size(); d-- > 0;) {
+      int64_t idx = rest % g.batch[d];
+      rest /= g.batch[d];
+      oa += idx * a_strides[d];
+      ob += idx * b_strides[d];
+    }
+    g.a_offset[t] = oa;
+    g.b_offset[t] = ob;
+  }
+  return g;
+}
+
+template <typename T>
+void Gemm(const MatmulGeometry& g, const T* a, const T* b, T* c, int64_t rows, T alpha, T beta) {
+  const auto ta = g.ta ? CblasTrans : CblasNoTrans;
+  const auto tb = g.tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(rows), static_cast<int>(g.n),
+                static_cast<int>(g.k), alpha, a, static_cast<int>(g.lda), b,
+                static_cast<int>(g.ldb), beta, c, static_cast<int>(g.n));
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(rows), static_cast<int>(g.n),
+                static_cast<int>(g.k), alpha, a, static_cast<int>(g.lda), b,
+                static_cast<int>(g.ldb), beta, c, static_cast<int>(g.n));
+  }
+}
+
+// Runs every (batch, row block) of y = alpha * op(a) @ op(b) + beta * y.
+template <typename T>
+void MatmulTyped(const MatmulGeometry& g, const T* a, const T* b, T* y, double alpha_d,
+                 double beta_d, Parallel& parallel) {
+  const T alpha = static_cast<T>(alpha_d);
+  const T beta = static_cast<T>(beta_d);
+  const int64_t batches = static_cast<int64_t>(g.a_offset.size());
+  if (g.k == 0) {  // the product is empty: y = beta * y
+    const int64_t total = batches * g.m * g.n;
+    for (int64_t i = 0; i < total; ++i) y[i] = beta == T(0) ? T(0) : beta * y[i];
+    return;
+  }
+  // Enough row blocks to keep every worker busy, each big enough for BLAS to be efficient.
+  const int64_t work = std::max<int64_t>(1, parallel.Concurrency() * 4);
+  const int64_t blocks_per_matrix =
+      std::clamp<int64_t>((work + batches - 1) / batches, 1, std::max<int64_t>(1, g.m / 32));
+  const int64_t block_rows = (g.m + blocks_per_matrix - 1) / blocks_per_matrix;
+  parallel.For(batches * blocks_per_matrix, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / blocks_per_matrix;
+      const int64_t r0 = (item % blocks_per_matrix) * block_rows;
+      const int64_t rows = std::min(block_rows, g.m - r0);
+      if (rows <= 0) continue;
+      // Row r0 of op(a): row r0 of a, or column r0 of a stored [K, M].
+      const T* a_block = a + g.a_offset[t] + (g.ta ? r0 : r0 * g.lda);
+      Gemm<T>(g, a_block, b + g.b_offset[t], y + (t * g.m + r0) * g.n, rows, alpha, beta);
+    }
+  });
+}
+
+}  // namespace
+
+void RunMatmul(const Plan& plan, const void* a, const void* b, void* out, Parallel& parallel) {
+  MatmulGeometry g = MakeGeometry(plan);
+  if (g.m == 0 || g.n == 0 || g.a_offset.empty()) return;
+  const double alpha = AttrFloat(plan.attrs, "alpha");
+  const double beta = AttrFloat(plan.attrs, "beta");
+  const DType dtype = plan.inputs[0].dtype;
+  if (dtype == DType::kF32) {
+    return MatmulTyped(g, static_cast<const float*>(a), static_cast<const float*>(b),
+                       static_cast<float*>(out), alpha, beta, parallel);
+  }
+  if (dtype == DType::kF64) {
+    return MatmulTyped(g, static_cast<const double*>(a), static_cast<const double*>(b),
+                       static_cast<double*>(out), alpha, beta, parallel);
+  }
+  // f16/bf16: widen, multiply in f32, round once.
+  Dispatch(dtype, [&]<DType D>() {
+    if constexpr (D == DType::kF16 || D == DType::kBF16) {
+      auto widen = [&](const void* p, int64_t n) {
+        std::vector<float> w(static_cast<size_t>(n));
+        const auto* s = static_cast<const uint16_t*>(p);
+        parallel.For(n, kElementGrain, [&](int64_t b0, int64_t e0) {
+          for (int64_t i = b0; i < e0; ++i) w[i] = Elem<D>::Load(s[i]);
+        });
+        return w;
+      };
+      std::vector<float> wa = widen(a, CheckedNumElements(plan.inputs[0].shape));
+      std::vector<float> wb = widen(b, CheckedNumElements(plan.inputs[1].shape));
+      const int64_t ny = CheckedNumElements(plan.outputs[0].shape);
+      std::vector<float> wy = beta != 0 ? widen(out, ny) : std::vector<float>(ny, 0.0f);
+      MatmulTyped(g, wa.data(), wb.data(), wy.data(), alpha, beta, parallel);
+      auto* y = static_cast<uint16_t*>(out);
+      parallel.For(ny, kElementGrain, [&](int64_t b0, int64_t e0) {
+        for (int64_t i = b0; i < e0; ++i) y[i] = Elem<D>::Store(wy[i]);
+      });
+    }
+  });
+}
+
+}  // namespace tessera::kernels::cpu
