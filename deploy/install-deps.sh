@@ -8,7 +8,7 @@ packages=(
   g++ cmake ninja-build pkg-config clang-format
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libspdlog-dev libfmt-dev libsqlite3-dev libssl-dev
+  libabsl-dev libspdlog-dev libfmt-dev libsqlite3-dev libssl-dev libeigen3-dev libopenblas-dev
   # tests
   libgtest-dev libgmock-dev openssl
 )
