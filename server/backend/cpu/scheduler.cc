@@ -1,0 +1,235 @@
+#include "server/backend/cpu/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+namespace tessera {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+struct CpuTenantQueue::Region {
+  int64_t n = 0;
+  int64_t grain = 1;
+  absl::FunctionRef<void(int64_t, int64_t)> body;
+  int64_t next = 0;     // start of the next unclaimed chunk
+  int outstanding = 0;  // chunks claimed and not finished
+};
+
+// The Parallel handed to a running task: its chunks are offered to idle workers through
+// the task's tenant, so they are scheduled (and charged) like any of the tenant's work.
+class CpuScheduler::RegionParallel final : public kernels::Parallel {
+ public:
+  RegionParallel(CpuScheduler* scheduler, CpuTenantQueue* queue)
+      : scheduler_(scheduler), queue_(queue) {}
+
+  void For(int64_t n, int64_t grain, absl::FunctionRef<void(int64_t, int64_t)> body) override {
+    if (n <= 0) return;
+    grain = std::max<int64_t>(1, grain);
+    if (n <= grain) {
+      body(0, n);
+      return;
+    }
+    CpuTenantQueue::Region region{n, grain, body};
+    absl::MutexLock lock(&scheduler_->mu_);
+    queue_->regions_.push_back(&region);
+    while (region.next < region.n) {
+      int64_t begin = region.next;
+      region.next = std::min(region.n, begin + region.grain);
+      if (region.next >= region.n) queue_->regions_.remove(&region);
+      ++region.outstanding;
+      scheduler_->mu_.Unlock();
+      body(begin, std::min(region.n, begin + region.grain));
+      scheduler_->mu_.Lock();
+      --region.outstanding;
+    }
+    // Wait for chunks other workers took; that time is not charged (the worker idles).
+    int64_t wait_start = NowNs();
+    scheduler_->mu_.Await(absl::Condition(
+        +[](CpuTenantQueue::Region* r) { return r->outstanding == 0; }, &region));
+    wait_ns_ += NowNs() - wait_start;
+  }
+
+  int Concurrency() const override { return scheduler_->threads(); }
+  int64_t wait_ns() const { return wait_ns_; }
+
+ private:
+  CpuScheduler* const scheduler_;
+  CpuTenantQueue* const queue_;
+  int64_t wait_ns_ = 0;
+};
+
+CpuTenantQueue::CpuTenantQueue(CpuScheduler* scheduler, uint32_t weight, int streams)
+    : scheduler_(scheduler),
+      weight_(std::max<uint32_t>(1, weight)),
+      streams_(static_cast<size_t>(streams)),
+      stream_busy_(static_cast<size_t>(streams), false) {}
+
+CpuTenantQueue::~CpuTenantQueue() { scheduler_->Remove(this); }
+
+void CpuTenantQueue::Submit(int stream, Task task) {
+  {
+    absl::MutexLock lock(&scheduler_->mu_);
+    if (!removed_ && !scheduler_->stopping_) {
+      if (queued_ == 0 && running_ == 0) {
+        // Waking from idle: start at the least virtual time among busy tenants, so time
+        // spent idle is not banked as credit.
+        double floor = std::numeric_limits<double>::infinity();
+        for (CpuTenantQueue* other : scheduler_->tenants_) {
+          if (other != this && (other->queued_ > 0 || other->running_ > 0)) {
+            floor = std::min(floor, other->virtual_time_);
+          }
+        }
+        if (floor != std::numeric_limits<double>::infinity()) {
+          virtual_time_ = std::max(virtual_time_, floor);
+        }
+      }
+      streams_[static_cast<size_t>(stream)].push_back(std::move(task));
+      ++queued_;
+      return;
+    }
+  }
+  // Removed or stopping: nothing will run it, so it is cancelled here.
+  kernels::SerialParallel serial;
+  std::move(task)(serial, /*cancelled=*/true);
+}
+
+absl::Duration CpuTenantQueue::busy_time() const {
+  absl::MutexLock lock(&scheduler_->mu_);
+  return absl::Nanoseconds(busy_ns_);
+}
+
+CpuScheduler::CpuScheduler(int threads) {
+  for (int i = 0; i < std::max(1, threads); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+CpuScheduler::~CpuScheduler() { Stop(); }
+
+std::unique_ptr<CpuTenantQueue> CpuScheduler::AddTenant(uint32_t weight, int streams) {
+  auto queue = std::unique_ptr<CpuTenantQueue>(new CpuTenantQueue(this, weight, streams));
+  absl::MutexLock lock(&mu_);
+  tenants_.push_back(queue.get());
+  return queue;
+}
+
+void CpuScheduler::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& worker : workers_) {
+    if (worker.joinable()) worker.join();
+  }
+}
+
+CpuTenantQueue* CpuScheduler::PickLocked() {
+  CpuTenantQueue* best = nullptr;
+  for (CpuTenantQueue* q : tenants_) {
+    bool runnable = !q->regions_.empty();
+    for (size_t i = 0; !runnable && i < q->streams_.size(); ++i) {
+      runnable = !q->stream_busy_[i] && !q->streams_[i].empty();
+    }
+    if (runnable && (best == nullptr || q->virtual_time_ < best->virtual_time_)) best = q;
+  }
+  return best;
+}
+
+bool CpuScheduler::HasWorkLocked() const {
+  return const_cast<CpuScheduler*>(this)->PickLocked() != nullptr;
+}
+
+void CpuScheduler::ChargeLocked(CpuTenantQueue* q, int64_t ns) {
+  if (ns <= 0) return;
+  q->busy_ns_ += ns;
+  q->virtual_time_ += static_cast<double>(ns) * 100.0 / q->weight_;
+}
+
+void CpuScheduler::RunChunkLocked(CpuTenantQueue* q) {
+  CpuTenantQueue::Region* region = q->regions_.front();
+  int64_t begin = region->next;
+  region->next = std::min(region->n, begin + region->grain);
+  if (region->next >= region->n) q->regions_.pop_front();
+  ++region->outstanding;
+  ++q->running_;
+  mu_.Unlock();
+  int64_t start = NowNs();
+  region->body(begin, std::min(region->n, begin + region->grain));
+  int64_t elapsed = NowNs() - start;
+  mu_.Lock();
+  ChargeLocked(q, elapsed);
+  --q->running_;
+  --region->outstanding;  // may release the region's owner; `region` is dead after this
+}
+
+void CpuScheduler::WorkerLoop() {
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    mu_.Await(absl::Condition(
+        +[](CpuScheduler* s)
+             ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->stopping_ || s->HasWorkLocked(); },
+        this));
+    CpuTenantQueue* q = PickLocked();
+    if (q == nullptr) {
+      if (stopping_) return;
+      continue;
+    }
+    if (!q->regions_.empty()) {
+      RunChunkLocked(q);
+      continue;
+    }
+    // The tenant's next stream (round-robin) whose head may start.
+    size_t count = q->streams_.size();
+    size_t stream = count;
+    for (size_t i = 0; i < count; ++i) {
+      size_t s = (q->next_stream_ + i) % count;
+      if (!q->stream_busy_[s] && !q->streams_[s].empty()) {
+        stream = s;
+        break;
+      }
+    }
+    q->next_stream_ = (stream + 1) % count;
+    CpuTenantQueue::Task task = std::move(q->streams_[stream].front());
+    q->streams_[stream].pop_front();
+    --q->queued_;
+    q->stream_busy_[stream] = true;
+    ++q->running_;
+    bool cancelled = stopping_ || q->removed_;
+    mu_.Unlock();
+    RegionParallel parallel(this, q);
+    int64_t start = NowNs();
+    std::move(task)(parallel, cancelled);
+    int64_t elapsed = NowNs() - start - parallel.wait_ns();
+    mu_.Lock();
+    ChargeLocked(q, elapsed);
+    q->stream_busy_[stream] = false;
+    --q->running_;
+  }
+}
+
+void CpuScheduler::Remove(CpuTenantQueue* q) {
+  std::vector<CpuTenantQueue::Task> cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    q->removed_ = true;
+    for (auto& stream : q->streams_) {
+      for (auto& task : stream) cancelled.push_back(std::move(task));
+      stream.clear();
+    }
+    q->queued_ = 0;
+  }
+  kernels::SerialParallel serial;
+  for (auto& task : cancelled) std::move(task)(serial, /*cancelled=*/true);
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](CpuTenantQueue* t) { return t->running_ == 0; }, q));
+  tenants_.remove(q);
+}
+
+}  // namespace tessera

@@ -1,0 +1,105 @@
+#ifndef TESSERA_SERVER_BACKEND_CPU_SCHEDULER_H_
+#define TESSERA_SERVER_BACKEND_CPU_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+#include "kernels/cpu/parallel.h"
+
+namespace tessera {
+
+class CpuScheduler;
+
+/// One tenant's view of the CPU scheduler: `streams` ordered queues. Work on one stream runs
+/// in submission order, one item at a time; streams and tenants run concurrently.
+///
+/// Thread-safe. Destroying it waits for its running work and cancels what is queued; it
+/// must be destroyed before the scheduler.
+class CpuTenantQueue {
+ public:
+  /// Runs on a worker with a Parallel that spreads chunks over the pool (charged to this
+  /// tenant). `cancelled` is true when the work was cancelled or the scheduler stopped
+  /// before it started; the task must then only clean up.
+  using Task = absl::AnyInvocable<void(kernels::Parallel& parallel, bool cancelled) &&>;
+
+  ~CpuTenantQueue();
+
+  /// Appends `task` to `stream` (0 <= stream < streams, checked by the caller).
+  void Submit(int stream, Task task);
+
+  /// CPU time charged to this tenant so far.
+  absl::Duration busy_time() const;
+
+ private:
+  friend class CpuScheduler;
+  struct Region;
+  CpuTenantQueue(CpuScheduler* scheduler, uint32_t weight, int streams);
+
+  CpuScheduler* const scheduler_;
+  const uint32_t weight_;
+  // Guarded by scheduler_->mu_.
+  std::vector<std::deque<Task>> streams_;
+  std::vector<bool> stream_busy_;
+  std::list<Region*> regions_;  // parallel regions with chunks left to claim
+  size_t next_stream_ = 0;      // round-robin start among this tenant's streams
+  int64_t queued_ = 0;          // tasks waiting in streams_
+  double virtual_time_ = 0;     // charged nanoseconds / weight
+  int running_ = 0;             // tasks and chunks running now
+  int64_t busy_ns_ = 0;
+  bool removed_ = false;
+};
+
+/// A fixed pool of worker threads shared by tenants through weighted fair queueing: the
+/// next piece of work (a queued task or a chunk of a running parallel region) always comes
+/// from the runnable tenant with the least charged time per unit of weight, so under
+/// contention a tenant with twice the weight gets about twice the CPU time, and an idle
+/// tenant's share goes to the others. Time is charged as measured per task and per chunk.
+///
+/// Thread-safe.
+class CpuScheduler {
+ public:
+  explicit CpuScheduler(int threads);
+  /// Stops (see Stop) and joins the workers.
+  ~CpuScheduler();
+
+  /// A queue for a tenant with `weight` (its compute share, 1..100) and `streams` streams.
+  std::unique_ptr<CpuTenantQueue> AddTenant(uint32_t weight, int streams);
+
+  /// Lets running work finish, cancels queued work (tasks run with cancelled=true) and joins
+  /// the workers. Idempotent.
+  void Stop();
+
+  int threads() const { return static_cast<int>(workers_.size()); }
+
+ private:
+  friend class CpuTenantQueue;
+  class RegionParallel;
+
+  void WorkerLoop();
+  /// The tenant with runnable work and the least virtual time; nullptr when none.
+  CpuTenantQueue* PickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ChargeLocked(CpuTenantQueue* q, int64_t ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Runs one chunk of `q`'s first region with chunks left (mu_ held on entry and exit).
+  void RunChunkLocked(CpuTenantQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Remove(CpuTenantQueue* q);
+
+  mutable absl::Mutex mu_;
+  std::list<CpuTenantQueue*> tenants_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_BACKEND_CPU_SCHEDULER_H_
