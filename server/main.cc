@@ -4,9 +4,10 @@
 #include <iostream>
 #include <string>
 
-#include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -47,6 +48,37 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
 
 namespace {
 
+// SIGINT/SIGTERM are turned into a byte on this pipe by an async-signal-safe handler, so
+// shutdown starts whichever thread the kernel picks (libraries such as OpenBLAS start
+// threads before main runs, with the signals unblocked).
+int signal_pipe[2] = {-1, -1};
+
+extern "C" void OnShutdownSignal(int signal_number) {
+  char byte = static_cast<char>(signal_number);
+  ssize_t ignored = write(signal_pipe[1], &byte, 1);
+  (void)ignored;
+}
+
+absl::Status InstallSignalHandlers() {
+  if (pipe2(signal_pipe, O_CLOEXEC) != 0) return absl::InternalError("pipe2 failed");
+  struct sigaction action = {};
+  action.sa_handler = OnShutdownSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  if (sigaction(SIGINT, &action, nullptr) != 0 || sigaction(SIGTERM, &action, nullptr) != 0) {
+    return absl::InternalError("sigaction failed");
+  }
+  return absl::OkStatus();
+}
+
+/// Blocks until SIGINT or SIGTERM arrives; returns which.
+int WaitForShutdownSignal() {
+  char byte = 0;
+  while (read(signal_pipe[0], &byte, 1) != 1) {
+  }
+  return byte;
+}
+
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "tessera-server: %s\n", std::string(status.message()).c_str());
   return absl::IsInvalidArgument(status) ? 2 : 1;
@@ -66,12 +98,7 @@ int main(int argc, char** argv) {
       "[--state_dir=./var] [--backend=auto|cpu|cuda] ...");
   absl::ParseCommandLine(argc, argv);
 
-  // Signals are taken synchronously by the main thread; block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (absl::Status s = InstallSignalHandlers(); !s.ok()) return Fail(s);
   umask(077);  // state files hold credentials (hashes) and the admin token
 
   if (absl::Status s =
@@ -118,8 +145,7 @@ int main(int argc, char** argv) {
             << (from_file ? absl::StrCat("$(cat ", admin.source, ")") : "$TESSERA_ADMIN_TOKEN")
             << "\" " << address << " tessera.v1.TenantAdmin/GetServerInfo" << std::endl;
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  int signal_number = WaitForShutdownSignal();
   spdlog::info("received {}; shutting down", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
   (*server)->Shutdown();
   return 0;

@@ -6,9 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
+#include "kernels/registry.h"
 #include "server/core/tenant.h"
 
 namespace tessera {
@@ -51,13 +54,54 @@ struct ContextRequest {
   int device_index = 0;
 };
 
-/// A tenant's execution context. Owned by the tenant table for the tenant's lifetime;
-/// destroying it releases every resource the tenant holds on the device.
+/// Memory in a tenant's context, freed when the last reference is dropped (jobs hold
+/// references to the buffers they use, so a buffer outlives its tensor while in use).
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  virtual uint64_t size() const = 0;
+};
+
+/// One validated launch with its buffers (inputs in the plan's order, then outputs).
+struct Step {
+  kernels::Plan plan;
+  std::vector<std::shared_ptr<DeviceBuffer>> inputs;
+  std::vector<std::shared_ptr<DeviceBuffer>> outputs;
+};
+
+/// How an enqueued program ended.
+struct ExecResult {
+  /// OK; CANCELLED (cancelled before it started, or the context closed); or the failure of
+  /// step `failed_step` (steps before it completed, later ones did not run).
+  absl::Status status;
+  int failed_step = -1;
+};
+
+/// A tenant's execution context. Owned by the tenant's runtime; destroying it cancels what
+/// is queued, waits for what runs, and releases every resource the tenant holds on the
+/// device. All methods are thread-safe.
 class TenantContext {
  public:
   virtual ~TenantContext() = default;
-  /// Fixed for the context's lifetime. Thread-safe.
+  /// Fixed for the context's lifetime.
   virtual const ContextInfo& info() const = 0;
+
+  /// `bytes` of zero-filled memory. RESOURCE_EXHAUSTED when the device has no room.
+  virtual absl::StatusOr<std::shared_ptr<DeviceBuffer>> Allocate(uint64_t bytes) = 0;
+  /// Synchronous copies between host memory and a buffer (ranges checked by the caller).
+  virtual absl::Status CopyIn(DeviceBuffer& dst, uint64_t offset, const void* src,
+                              uint64_t bytes) = 0;
+  virtual absl::Status CopyOut(const DeviceBuffer& src, uint64_t offset, void* dst,
+                               uint64_t bytes) = 0;
+
+  /// Runs `steps` in order after everything enqueued earlier on `stream`. Just before they
+  /// start, `start()` is called; returning false skips them (the job was cancelled). `done`
+  /// is called exactly once, on any thread, and must not block.
+  virtual void Enqueue(int stream, std::vector<Step> steps, absl::AnyInvocable<bool()> start,
+                       absl::AnyInvocable<void(ExecResult) &&> done) = 0;
+
+  /// Time this tenant's work has spent executing.
+  virtual absl::Duration busy_time() const = 0;
 };
 
 /// The execution backend: the CPU backend here, the CUDA module where a driver exists.

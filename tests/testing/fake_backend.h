@@ -2,17 +2,21 @@
 #define TESSERA_TESTS_TESTING_FAKE_BACKEND_H_
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 
+#include "kernels/cpu/cpu_kernels.h"
 #include "server/backend/backend.h"
 
 namespace tessera::testing {
 
 /// A Backend with configurable devices standing in for the GPU backend this machine cannot
-/// run: counts live contexts and can be told to fail context creation.
+/// run: buffers are host memory, programs run inline on the enqueuing thread with the CPU
+/// kernels. Counts live contexts and can be told to fail context creation.
 class FakeBackend final : public Backend {
  public:
   explicit FakeBackend(std::vector<DeviceInfo> devices) : devices_(std::move(devices)) {}
@@ -34,11 +38,52 @@ class FakeBackend final : public Backend {
   const std::vector<ContextRequest>& created() const { return created_; }
 
  private:
+  class Buffer final : public DeviceBuffer {
+   public:
+    explicit Buffer(uint64_t size) : data_(std::calloc(1, size + 1)), size_(size) {}
+    ~Buffer() override { std::free(data_); }
+    uint64_t size() const override { return size_; }
+    void* data() const { return data_; }
+
+   private:
+    void* data_;
+    uint64_t size_;
+  };
+
   class Context final : public TenantContext {
    public:
     explicit Context(std::atomic<int>* live) : live_(live) { ++*live_; }
     ~Context() override { --*live_; }
     const ContextInfo& info() const override { return info_; }
+    absl::StatusOr<std::shared_ptr<DeviceBuffer>> Allocate(uint64_t bytes) override {
+      return std::make_shared<Buffer>(bytes);
+    }
+    absl::Status CopyIn(DeviceBuffer& dst, uint64_t offset, const void* src,
+                        uint64_t bytes) override {
+      std::memcpy(static_cast<char*>(static_cast<Buffer&>(dst).data()) + offset, src, bytes);
+      return absl::OkStatus();
+    }
+    absl::Status CopyOut(const DeviceBuffer& src, uint64_t offset, void* dst,
+                         uint64_t bytes) override {
+      std::memcpy(dst, static_cast<const char*>(static_cast<const Buffer&>(src).data()) + offset,
+                  bytes);
+      return absl::OkStatus();
+    }
+    void Enqueue(int, std::vector<Step> steps, absl::AnyInvocable<bool()> start,
+                 absl::AnyInvocable<void(ExecResult) &&> done) override {
+      if (!start()) return std::move(done)(ExecResult{absl::CancelledError("cancelled"), -1});
+      kernels::SerialParallel serial;
+      for (size_t i = 0; i < steps.size(); ++i) {
+        std::vector<const void*> in;
+        std::vector<void*> out;
+        for (auto& b : steps[i].inputs) in.push_back(static_cast<Buffer&>(*b).data());
+        for (auto& b : steps[i].outputs) out.push_back(static_cast<Buffer&>(*b).data());
+        absl::Status s = kernels::RunCpuKernel(steps[i].plan, in, out, serial);
+        if (!s.ok()) return std::move(done)(ExecResult{s, static_cast<int>(i)});
+      }
+      std::move(done)(ExecResult{absl::OkStatus(), -1});
+    }
+    absl::Duration busy_time() const override { return absl::ZeroDuration(); }
 
    private:
     std::atomic<int>* live_;

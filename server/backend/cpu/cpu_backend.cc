@@ -1,5 +1,7 @@
 #include "server/backend/cpu/cpu_backend.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include <unistd.h>
@@ -7,16 +9,115 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
+#include "kernels/cpu/cpu_kernels.h"
+
 namespace tessera {
 namespace {
 
+// Host memory; calloc maps large blocks lazily, so zero-filling costs nothing up front.
+class HostBuffer final : public DeviceBuffer {
+ public:
+  static absl::StatusOr<std::shared_ptr<HostBuffer>> Create(uint64_t bytes) {
+    void* data = std::calloc(1, bytes == 0 ? 1 : bytes);
+    if (data == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host memory: cannot allocate ", bytes, " bytes"));
+    }
+    return std::shared_ptr<HostBuffer>(new HostBuffer(data, bytes));
+  }
+  ~HostBuffer() override { std::free(data_); }
+  uint64_t size() const override { return size_; }
+  void* data() const { return data_; }
+
+ private:
+  HostBuffer(void* data, uint64_t size) : data_(data), size_(size) {}
+  void* const data_;
+  const uint64_t size_;
+};
+
+void* DataOf(const DeviceBuffer& buffer) { return static_cast<const HostBuffer&>(buffer).data(); }
+
+// Runs one step; an output that is also an input is computed into a temporary first, so
+// kernels never see overlapping buffers.
+absl::Status RunStep(const Step& step, kernels::Parallel& parallel) {
+  std::vector<const void*> inputs;
+  for (const auto& b : step.inputs) inputs.push_back(DataOf(*b));
+  std::vector<void*> outputs;
+  std::vector<std::pair<size_t, std::shared_ptr<HostBuffer>>> staged;
+  for (size_t i = 0; i < step.outputs.size(); ++i) {
+    void* out = DataOf(*step.outputs[i]);
+    bool aliased = false;
+    for (const void* in : inputs) aliased = aliased || in == out;
+    if (aliased) {
+      auto temp = HostBuffer::Create(step.outputs[i]->size());
+      if (!temp.ok()) return temp.status();
+      std::memcpy((*temp)->data(), out, step.outputs[i]->size());  // matmul's beta reads it
+      staged.emplace_back(i, *temp);
+      out = (*temp)->data();
+    }
+    outputs.push_back(out);
+  }
+  absl::Status status = kernels::RunCpuKernel(step.plan, inputs, outputs, parallel);
+  for (const auto& [i, temp] : staged) {
+    std::memcpy(DataOf(*step.outputs[i]), temp->data(), step.outputs[i]->size());
+  }
+  return status;
+}
+
 class CpuContext final : public TenantContext {
  public:
-  explicit CpuContext(ContextInfo info) : info_(std::move(info)) {}
+  CpuContext(ContextInfo info, std::unique_ptr<CpuTenantQueue> queue)
+      : info_(std::move(info)), queue_(std::move(queue)) {}
+
   const ContextInfo& info() const override { return info_; }
+
+  absl::StatusOr<std::shared_ptr<DeviceBuffer>> Allocate(uint64_t bytes) override {
+    auto buffer = HostBuffer::Create(bytes);
+    if (!buffer.ok()) return buffer.status();
+    return std::shared_ptr<DeviceBuffer>(*std::move(buffer));
+  }
+
+  absl::Status CopyIn(DeviceBuffer& dst, uint64_t offset, const void* src,
+                      uint64_t bytes) override {
+    std::memcpy(static_cast<char*>(DataOf(dst)) + offset, src, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyOut(const DeviceBuffer& src, uint64_t offset, void* dst,
+                       uint64_t bytes) override {
+    std::memcpy(dst, static_cast<const char*>(DataOf(src)) + offset, bytes);
+    return absl::OkStatus();
+  }
+
+  void Enqueue(int stream, std::vector<Step> steps, absl::AnyInvocable<bool()> start,
+               absl::AnyInvocable<void(ExecResult) &&> done) override {
+    queue_->Submit(stream, [steps = std::move(steps), start = std::move(start),
+                            done = std::move(done)](kernels::Parallel& parallel,
+                                                    bool cancelled) mutable {
+      if (cancelled) {
+        std::move(done)(ExecResult{absl::CancelledError("the tenant's context is closing"), -1});
+        return;
+      }
+      if (!start()) {
+        std::move(done)(ExecResult{absl::CancelledError("the job was cancelled"), -1});
+        return;
+      }
+      for (size_t i = 0; i < steps.size(); ++i) {
+        absl::Status status = RunStep(steps[i], parallel);
+        if (!status.ok()) {
+          std::move(done)(ExecResult{status, static_cast<int>(i)});
+          return;
+        }
+      }
+      std::move(done)(ExecResult{absl::OkStatus(), -1});
+    });
+  }
+
+  absl::Duration busy_time() const override { return queue_->busy_time(); }
 
  private:
   const ContextInfo info_;
+  std::unique_ptr<CpuTenantQueue> queue_;
 };
 
 }  // namespace
@@ -27,7 +128,12 @@ CpuBackend::CpuBackend(Options options)
                           .name = absl::StrCat("cpu (", options_.worker_threads, " threads)"),
                           .memory_bytes = options_.memory_bytes,
                           .context_limit = 0,
-                          .compute_units = options_.worker_threads}} {}
+                          .compute_units = options_.worker_threads}},
+      scheduler_(static_cast<int>(options_.worker_threads)) {
+  kernels::InitCpuKernels();
+}
+
+CpuBackend::~CpuBackend() { scheduler_.Stop(); }
 
 MpsState CpuBackend::mps() const {
   return MpsState{MpsDecision::kNotApplicable, "MPS does not apply: the CPU backend is serving"};
@@ -39,11 +145,14 @@ absl::StatusOr<std::unique_ptr<TenantContext>> CpuBackend::CreateContext(
     return absl::InvalidArgumentError(absl::StrCat("device_index is ", request.device_index,
                                                    "; the CPU backend has only device 0"));
   }
-  return std::make_unique<CpuContext>(ContextInfo{
-      .kind = ContextKind::kCpu,
-      .reason = absl::StrCat("CPU backend (", options_.reason,
-                             "); compute share is the tenant's weight in the worker pool"),
-      .compute_share_enforced = true});
+  return std::make_unique<CpuContext>(
+      ContextInfo{.kind = ContextKind::kCpu,
+                  .reason = absl::StrCat(
+                      "CPU backend (", options_.reason,
+                      "); compute share is the tenant's weight in the shared worker pool"),
+                  .compute_share_enforced = true},
+      scheduler_.AddTenant(request.quota.compute_share_percent,
+                           static_cast<int>(request.quota.max_streams)));
 }
 
 uint64_t PhysicalMemoryBytes() {

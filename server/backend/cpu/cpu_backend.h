@@ -7,11 +7,13 @@
 #include <vector>
 
 #include "server/backend/backend.h"
+#include "server/backend/cpu/scheduler.h"
 
 namespace tessera {
 
 /// The CPU backend: one device ("cpu") whose capacity is a configured amount of host
-/// memory; a tenant's compute share is its weight in the shared worker pool.
+/// memory; tenants share a fixed worker pool by weighted fair queueing with their compute
+/// share as the weight. Buffers are host memory.
 class CpuBackend final : public Backend {
  public:
   struct Options {
@@ -24,6 +26,8 @@ class CpuBackend final : public Backend {
   };
 
   explicit CpuBackend(Options options);
+  /// Every context must have been destroyed first.
+  ~CpuBackend() override;
 
   absl::string_view name() const override { return "cpu"; }
   const std::vector<DeviceInfo>& devices() const override { return devices_; }
@@ -34,6 +38,7 @@ class CpuBackend final : public Backend {
  private:
   const Options options_;
   const std::vector<DeviceInfo> devices_;
+  CpuScheduler scheduler_;
 };
 
 /// Physical memory of this host in bytes (0 if unknown).
