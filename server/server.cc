@@ -131,7 +131,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
                   .transport_security = server->transport_security_,
                   .memory_overcommit = opts.memory_overcommit,
                   .start_time = absl::Now()});
-  server->compute_service_ = std::make_unique<ComputeService>(server->authenticator_.get());
+  server->compute_service_ =
+      std::make_unique<ComputeService>(server->authenticator_.get(), opts.max_message_bytes);
   return server;
 }
 

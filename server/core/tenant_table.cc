@@ -41,7 +41,7 @@ absl::Status TenantTable::QuotaImmutableError(absl::string_view id) {
 }
 
 TenantView TenantTable::ViewOf(const Entry& entry) {
-  return TenantView{entry.record, entry.context->info()};
+  return TenantView{entry.record, entry.runtime->context_info()};
 }
 
 absl::Status TenantTable::Restore() {
@@ -75,8 +75,8 @@ absl::Status TenantTable::Restore() {
                                        record.id, "\": ", context.status().message()));
     }
     auto entry = std::make_unique<Entry>();
+    entry->runtime = std::make_shared<TenantRuntime>(record.id, record.quota, *std::move(context));
     entry->record = std::move(record);
-    entry->context = *std::move(context);
     absl::MutexLock lock(&mu_);
     std::string id = entry->record.id;
     tenants_.emplace(std::move(id), std::move(entry));
@@ -123,8 +123,9 @@ absl::StatusOr<TenantTable::Registered> TenantTable::Register(TenantSpec spec) {
                                .key_hash = HashCredential(api_key)};
   // Context first: a committed tenant always has one. If the commit fails, the context is
   // destroyed with `entry` and nothing was recorded.
-  ASSIGN_OR_RETURN(entry->context,
+  ASSIGN_OR_RETURN(std::unique_ptr<TenantContext> context,
                    backend_->CreateContext(ContextRequest{spec.id, spec.quota, device}));
+  entry->runtime = std::make_shared<TenantRuntime>(spec.id, spec.quota, std::move(context));
   RETURN_IF_ERROR(store_->Insert(entry->record));
 
   Registered result{ViewOf(*entry), std::move(api_key)};
@@ -201,7 +202,8 @@ absl::StatusOr<TenantTable::Deregistered> TenantTable::Deregister(absl::string_v
     tenants_.erase(it);
   }
   Deregistered result{ViewOf(*entry), entry->record.quota.device_memory_bytes};
-  entry.reset();  // releases the context outside mu_
+  entry->runtime->Close("is deregistered");  // drains its streams, frees its memory
+  entry.reset();
   return result;
 }
 
@@ -219,7 +221,8 @@ absl::StatusOr<TenantTable::RotatedKey> TenantTable::RotateKey(absl::string_view
   return result;
 }
 
-absl::StatusOr<std::string> TenantTable::AuthenticateKey(absl::string_view key) const {
+absl::StatusOr<std::shared_ptr<TenantRuntime>> TenantTable::AuthenticateKey(
+    absl::string_view key) const {
   static constexpr char kRefused[] =
       "invalid tenant API key (expected \"authorization: Bearer tsk_<tenant>.<secret>\")";
   absl::string_view id = TenantIdOfKey(key);
@@ -230,7 +233,7 @@ absl::StatusOr<std::string> TenantTable::AuthenticateKey(absl::string_view key) 
   if (it == tenants_.end() || !HashesEqual(hash, it->second->record.key_hash)) {
     return absl::UnauthenticatedError(kRefused);
   }
-  return it->first;
+  return it->second->runtime;
 }
 
 std::vector<DeviceLoad> TenantTable::DeviceLoadsLocked() const {
@@ -263,7 +266,8 @@ void TenantTable::ReleaseContexts() {
     released_ = true;
     released.swap(tenants_);
   }
-  // Destroyed here, outside mu_.
+  for (auto& [id, entry] : released)
+    entry->runtime->Close("is unavailable: the server is shutting down");
 }
 
 }  // namespace tessera

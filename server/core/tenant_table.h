@@ -17,6 +17,7 @@
 #include "server/backend/backend.h"
 #include "server/core/admission.h"
 #include "server/core/tenant.h"
+#include "server/core/tenant_runtime.h"
 #include "server/store/tenant_store.h"
 
 namespace tessera {
@@ -92,16 +93,19 @@ class TenantTable {
   /// The old key is refused as soon as this returns.
   absl::StatusOr<RotatedKey> RotateKey(absl::string_view id) ABSL_LOCKS_EXCLUDED(mutation_mu_, mu_);
 
-  /// The tenant id a valid API key belongs to; UNAUTHENTICATED otherwise (the same message
-  /// for an unknown tenant and a wrong secret, so keys reveal nothing).
-  absl::StatusOr<std::string> AuthenticateKey(absl::string_view key) const ABSL_LOCKS_EXCLUDED(mu_);
+  /// The runtime of the tenant a valid API key belongs to; UNAUTHENTICATED otherwise (the
+  /// same message for an unknown tenant and a wrong secret, so keys reveal nothing). The
+  /// runtime may be held past deregistration; it then refuses every call.
+  absl::StatusOr<std::shared_ptr<TenantRuntime>> AuthenticateKey(absl::string_view key) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   /// Per device: its info, reserved bytes and tenant count.
   std::vector<DeviceLoad> DeviceLoads() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  /// Releases every context (shutdown). The durable table is untouched; later calls fail
-  /// with UNAVAILABLE.
+  /// Closes every tenant runtime (cancels queued jobs, waits for running ones, frees tensors,
+  /// releases contexts) at shutdown. The durable table is untouched; later calls fail with
+  /// UNAVAILABLE.
   void ReleaseContexts() ABSL_LOCKS_EXCLUDED(mutation_mu_, mu_);
 
   /// The message of every refused quota change.
@@ -110,7 +114,7 @@ class TenantTable {
  private:
   struct Entry {
     TenantRecord record;
-    std::unique_ptr<TenantContext> context;
+    std::shared_ptr<TenantRuntime> runtime;  // owns the context
   };
 
   TenantTable(Options options, TenantStore* store, Backend* backend)

@@ -35,7 +35,7 @@ absl::Status Authenticator::AuthorizeAdmin(const grpc::ServerContextBase& contex
   return absl::UnauthenticatedError("invalid admin token");
 }
 
-absl::StatusOr<std::string> Authenticator::AuthenticateTenant(
+absl::StatusOr<std::shared_ptr<TenantRuntime>> Authenticator::AuthenticateTenant(
     const grpc::ServerContextBase& context) const {
   absl::StatusOr<std::string> token = BearerToken(context);
   if (!token.ok()) return token.status();

@@ -22,9 +22,10 @@ class Authenticator {
   /// OK for the admin token; PERMISSION_DENIED for a tenant key; UNAUTHENTICATED otherwise.
   absl::Status AuthorizeAdmin(const grpc::ServerContextBase& context) const;
 
-  /// The tenant id of a valid tenant key; PERMISSION_DENIED for the admin token;
+  /// The runtime of the tenant whose key this is; PERMISSION_DENIED for the admin token;
   /// UNAUTHENTICATED otherwise.
-  absl::StatusOr<std::string> AuthenticateTenant(const grpc::ServerContextBase& context) const;
+  absl::StatusOr<std::shared_ptr<TenantRuntime>> AuthenticateTenant(
+      const grpc::ServerContextBase& context) const;
 
  private:
   const KeyHash admin_hash_;

@@ -1,115 +1,516 @@
 #include "server/service/compute_service.h"
 
-#include "absl/strings/str_cat.h"
+#include <atomic>
+#include <memory>
+#include <utility>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/alarm.h"
+
+#include "server/common/status_macros.h"
 #include "server/service/call.h"
+#include "server/service/compute_convert.h"
 
 namespace tessera {
 namespace {
 
-// A streaming call that ends at once with a status.
-template <typename Message>
-class FinishedReader final : public grpc::ServerReadReactor<Message> {
+constexpr int kDefaultPageSize = 100;
+constexpr int kMaxPageSize = 1000;
+constexpr int64_t kDefaultChunkBytes = 1 << 20;
+constexpr int64_t kMinChunkBytes = 4 << 10;
+constexpr absl::string_view kTensorPagePrefix = "tensors-after:";
+
+// A unary call finished by whichever comes first: the work's completion, a timer, or the
+// client going away. Reference counted: gRPC holds one reference until OnDone, and every
+// pending callback holds one, so the reactor outlives all of them.
+class WaitReactor final : public grpc::ServerUnaryReactor {
  public:
-  explicit FinishedReader(const grpc::Status& status) { this->Finish(status); }
-  void OnDone() override { delete this; }
+  WaitReactor(grpc::CallbackServerContext* context, const char* rpc) : log_(context, rpc) {}
+
+  CallLog& log() { return log_; }
+  void Hold() { refs_.fetch_add(1); }
+  void Release() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+  /// True for exactly one caller, who then fills the response and calls Complete.
+  bool Claim() { return !claimed_.exchange(true); }
+  void Complete(const absl::Status& status) { Finish(log_.Finish(status)); }
+  void CompleteIfUnclaimed(const absl::Status& status) {
+    if (Claim()) Complete(status);
+  }
+
+  /// Calls `fire` at `deadline` unless the call is finished first.
+  void SetTimer(absl::Time deadline, std::function<void()> fire) {
+    Hold();
+    alarm_ = std::make_unique<grpc::Alarm>();
+    alarm_->Set(absl::ToChronoTime(deadline), [this, fire = std::move(fire)](bool fired) {
+      if (fired) fire();
+      Release();
+    });
+  }
+
+  void OnCancel() override {
+    CompleteIfUnclaimed(
+        absl::CancelledError("the client cancelled the call or its deadline passed"));
+  }
+  void OnDone() override {
+    if (alarm_ != nullptr) alarm_->Cancel();
+    Release();
+  }
+
+ private:
+  ~WaitReactor() override = default;
+  std::atomic<int> refs_{1};
+  std::atomic<bool> claimed_{false};
+  CallLog log_;
+  std::unique_ptr<grpc::Alarm> alarm_;
 };
 
-template <typename Message>
-class FinishedWriter final : public grpc::ServerWriteReactor<Message> {
+std::string EncodeTensorPage(absl::string_view handle) {
+  return absl::WebSafeBase64Escape(absl::StrCat(kTensorPagePrefix, handle));
+}
+
+absl::StatusOr<std::string> DecodeTensorPage(absl::string_view token) {
+  std::string decoded;
+  if (!absl::WebSafeBase64Unescape(token, &decoded) ||
+      !absl::StartsWith(decoded, kTensorPagePrefix)) {
+    return absl::InvalidArgumentError(
+        "page_token is not one this API issued; pass next_page_token from a ListTensors reply");
+  }
+  return decoded.substr(kTensorPagePrefix.size());
+}
+
+// Uploads: a header, then chunks; answered once the client half-closes.
+class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorRequest> {
  public:
-  explicit FinishedWriter(const grpc::Status& status) { this->Finish(status); }
-  void OnDone() override { delete this; }
+  WriteTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
+                     v1::TensorInfo* response)
+      : log_(context, "WriteTensor"), response_(response) {
+    absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime = auth->AuthenticateTenant(*context);
+    if (!runtime.ok()) {
+      Fail(runtime.status());
+      return;
+    }
+    runtime_ = *std::move(runtime);
+    log_.set_tenant(runtime_->tenant_id());
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client finished sending
+      if (writer_ == nullptr) return Fail(absl::InvalidArgumentError("no header was sent"));
+      absl::StatusOr<TensorInfo> info = writer_->Finish();
+      if (!info.ok()) return Fail(info.status());
+      TensorInfoToProto(*info, response_);
+      Finish(log_.Finish(absl::OkStatus()));
+      return;
+    }
+    absl::Status status = Consume();
+    if (!status.ok()) return Fail(status);
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }  // an unfinished writer aborts the upload
+
+ private:
+  absl::Status Consume() {
+    if (writer_ == nullptr) {
+      if (!request_.has_header()) {
+        return absl::InvalidArgumentError("the first message must be a header");
+      }
+      const v1::WriteHeader& header = request_.header();
+      std::optional<kernels::TensorMeta> create;
+      if (header.has_create()) {
+        ASSIGN_OR_RETURN(create, MetaFromProto(header.create(), "header.create"));
+      } else if (header.handle().empty()) {
+        return absl::InvalidArgumentError("header needs a handle or a create spec");
+      }
+      ASSIGN_OR_RETURN(writer_, runtime_->BeginWrite(header.handle(), create));
+      return absl::OkStatus();
+    }
+    if (!request_.has_chunk()) {
+      return absl::InvalidArgumentError("after the header, every message must be a chunk");
+    }
+    if (request_.chunk().data().empty()) {
+      return absl::InvalidArgumentError("chunk.data is empty; every chunk carries bytes");
+    }
+    return writer_->Write(request_.chunk().offset(), request_.chunk().data());
+  }
+
+  void Fail(const absl::Status& status) { Finish(log_.Finish(status)); }
+
+  CallLog log_;
+  v1::TensorInfo* const response_;
+  v1::WriteTensorRequest request_;
+  std::shared_ptr<TenantRuntime> runtime_;
+  std::unique_ptr<TenantRuntime::Writer> writer_;
 };
+
+// Downloads: chunks of at most chunk_bytes, one write in flight.
+class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorResponse> {
+ public:
+  ReadTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
+                    const v1::ReadTensorRequest& request, int64_t max_message_bytes)
+      : log_(context, "ReadTensor") {
+    absl::Status status = Start(auth, *context, request, max_message_bytes);
+    if (!status.ok()) {
+      Finish(log_.Finish(status));
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(log_.Finish(absl::CancelledError("the client stopped reading")));
+    } else if (position_ >= end_) {
+      Finish(log_.Finish(absl::OkStatus()));
+    } else {
+      WriteNext();
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Start(const Authenticator* auth, const grpc::CallbackServerContext& context,
+                     const v1::ReadTensorRequest& request, int64_t max_message_bytes) {
+    ASSIGN_OR_RETURN(std::shared_ptr<TenantRuntime> runtime, auth->AuthenticateTenant(context));
+    log_.set_tenant(runtime->tenant_id());
+    int64_t max_chunk = max_message_bytes / 2;
+    chunk_bytes_ = request.chunk_bytes() == 0 ? std::min(kDefaultChunkBytes, max_chunk)
+                                              : static_cast<int64_t>(request.chunk_bytes());
+    if (chunk_bytes_ < kMinChunkBytes || chunk_bytes_ > max_chunk) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk_bytes is ", chunk_bytes_,
+                                                     "; the range is ", kMinChunkBytes, "..",
+                                                     max_chunk, " (--max_message_bytes / 2)"));
+    }
+    ASSIGN_OR_RETURN(reader_, runtime->BeginRead(request.handle()));
+    uint64_t size = reader_->info().size_bytes;
+    if (request.offset() > size || request.length() > size - request.offset()) {
+      return absl::InvalidArgumentError(absl::StrCat("range offset ", request.offset(), " length ",
+                                                     request.length(), " is outside the tensor's ",
+                                                     size, " bytes"));
+    }
+    position_ = request.offset();
+    end_ = request.length() == 0 ? size : request.offset() + request.length();
+    return absl::OkStatus();
+  }
+
+  void WriteNext() {
+    response_.Clear();
+    if (first_) {
+      TensorInfoToProto(reader_->info(), response_.mutable_info());
+      first_ = false;
+    }
+    uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(chunk_bytes_), end_ - position_);
+    v1::Chunk* chunk = response_.mutable_chunk();
+    chunk->set_offset(position_);
+    std::string* data = chunk->mutable_data();
+    data->resize(n);
+    absl::Status status = reader_->Read(position_, n, data->data());
+    if (!status.ok()) {
+      Finish(log_.Finish(status));
+      return;
+    }
+    position_ += n;
+    StartWrite(&response_);
+  }
+
+  CallLog log_;
+  std::unique_ptr<TenantRuntime::Reader> reader_;
+  v1::ReadTensorResponse response_;
+  int64_t chunk_bytes_ = 0;
+  uint64_t position_ = 0, end_ = 0;
+  bool first_ = true;
+};
+
+absl::StatusOr<LaunchSpec> StepFromProto(
+    const std::string& kernel, const google::protobuf::RepeatedPtrField<v1::Operand>* operands,
+    const google::protobuf::RepeatedPtrField<std::string>* handles,
+    const google::protobuf::RepeatedPtrField<v1::Output>& outputs,
+    const google::protobuf::Map<std::string, v1::AttrValue>& attrs, absl::string_view field) {
+  LaunchSpec spec;
+  spec.kernel = kernel;
+  if (handles != nullptr) {
+    for (const std::string& h : *handles) spec.inputs.push_back(Operand{h});
+  } else {
+    for (int i = 0; i < operands->size(); ++i) {
+      const v1::Operand& op = (*operands)[i];
+      if (op.has_step_output()) {
+        spec.inputs.push_back(Operand{"", static_cast<int>(op.step_output().step()),
+                                      static_cast<int>(op.step_output().output())});
+      } else if (op.source_case() == v1::Operand::kHandle) {
+        spec.inputs.push_back(Operand{op.handle()});
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".inputs[", i, "] needs a handle or a step_output"));
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(spec.outputs, OutputsFromProto(outputs, absl::StrCat(field, ".outputs")));
+  ASSIGN_OR_RETURN(spec.attrs, AttrsFromProto(attrs));
+  return spec;
+}
 
 }  // namespace
 
-grpc::Status ComputeService::NotYet(grpc::CallbackServerContext* context, const char* rpc) const {
-  CallLog log(context, rpc);
-  absl::StatusOr<std::string> tenant = authenticator_->AuthenticateTenant(*context);
-  if (!tenant.ok()) return log.Finish(tenant.status());
-  log.set_tenant(*tenant);
-  return log.Finish(absl::UnimplementedError(
-      absl::StrCat("Compute.", rpc,
-                   " is not available in this release: the data plane (tensors, kernels, "
-                   "jobs) is not implemented yet; your tenant key was accepted")));
-}
-
-grpc::ServerUnaryReactor* ComputeService::Unary(grpc::CallbackServerContext* context,
-                                                const char* rpc) const {
+template <typename Body>
+grpc::ServerUnaryReactor* ComputeService::Serve(grpc::CallbackServerContext* context,
+                                                const char* rpc, Body body) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(NotYet(context, rpc));
+  CallLog log(context, rpc);
+  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime =
+      authenticator_->AuthenticateTenant(*context);
+  if (!runtime.ok()) {
+    reactor->Finish(log.Finish(runtime.status()));
+    return reactor;
+  }
+  log.set_tenant((*runtime)->tenant_id());
+  reactor->Finish(log.Finish(body(**runtime)));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* ComputeService::CreateTensor(grpc::CallbackServerContext* context,
-                                                       const v1::CreateTensorRequest*,
-                                                       v1::TensorInfo*) {
-  return Unary(context, "CreateTensor");
+                                                       const v1::CreateTensorRequest* request,
+                                                       v1::TensorInfo* response) {
+  return Serve(context, "CreateTensor", [&](TenantRuntime& runtime) -> absl::Status {
+    ASSIGN_OR_RETURN(kernels::TensorMeta meta, MetaFromProto(request->spec(), "spec"));
+    ASSIGN_OR_RETURN(TensorInfo info, runtime.CreateTensor(meta, request->data()));
+    TensorInfoToProto(info, response);
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerReadReactor<v1::WriteTensorRequest>* ComputeService::WriteTensor(
-    grpc::CallbackServerContext* context, v1::TensorInfo*) {
-  return new FinishedReader<v1::WriteTensorRequest>(NotYet(context, "WriteTensor"));
+    grpc::CallbackServerContext* context, v1::TensorInfo* response) {
+  return new WriteTensorReactor(context, authenticator_, response);
 }
 
 grpc::ServerWriteReactor<v1::ReadTensorResponse>* ComputeService::ReadTensor(
-    grpc::CallbackServerContext* context, const v1::ReadTensorRequest*) {
-  return new FinishedWriter<v1::ReadTensorResponse>(NotYet(context, "ReadTensor"));
+    grpc::CallbackServerContext* context, const v1::ReadTensorRequest* request) {
+  return new ReadTensorReactor(context, authenticator_, *request, max_message_bytes_);
 }
 
 grpc::ServerUnaryReactor* ComputeService::GetTensor(grpc::CallbackServerContext* context,
-                                                    const v1::GetTensorRequest*, v1::TensorInfo*) {
-  return Unary(context, "GetTensor");
+                                                    const v1::GetTensorRequest* request,
+                                                    v1::TensorInfo* response) {
+  return Serve(context, "GetTensor", [&](TenantRuntime& runtime) -> absl::Status {
+    ASSIGN_OR_RETURN(TensorInfo info, runtime.GetTensor(request->handle()));
+    TensorInfoToProto(info, response);
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* ComputeService::ListTensors(grpc::CallbackServerContext* context,
-                                                      const v1::ListTensorsRequest*,
-                                                      v1::ListTensorsResponse*) {
-  return Unary(context, "ListTensors");
+                                                      const v1::ListTensorsRequest* request,
+                                                      v1::ListTensorsResponse* response) {
+  return Serve(context, "ListTensors", [&](TenantRuntime& runtime) -> absl::Status {
+    if (request->page_size() < 0 || request->page_size() > kMaxPageSize) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page_size is ", request->page_size(), "; the range is 0..", kMaxPageSize));
+    }
+    std::string after;
+    if (!request->page_token().empty()) {
+      ASSIGN_OR_RETURN(after, DecodeTensorPage(request->page_token()));
+    }
+    int limit = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
+    TenantRuntime::TensorPage page = runtime.ListTensors(after, static_cast<size_t>(limit));
+    for (const TensorInfo& t : page.tensors) TensorInfoToProto(t, response->add_tensors());
+    if (!page.last_handle.empty()) {
+      response->set_next_page_token(EncodeTensorPage(page.last_handle));
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* ComputeService::DeleteTensor(grpc::CallbackServerContext* context,
-                                                       const v1::DeleteTensorRequest*,
-                                                       v1::DeleteTensorResponse*) {
-  return Unary(context, "DeleteTensor");
+                                                       const v1::DeleteTensorRequest* request,
+                                                       v1::DeleteTensorResponse* response) {
+  return Serve(context, "DeleteTensor", [&](TenantRuntime& runtime) -> absl::Status {
+    ASSIGN_OR_RETURN(uint64_t released, runtime.DeleteTensor(request->handle()));
+    response->set_released_bytes(released);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* context,
+                                                  const char* rpc, int64_t stream,
+                                                  std::vector<LaunchSpec> steps, bool program,
+                                                  bool wait, v1::Job* response,
+                                                  absl::Status parse_error) {
+  auto* reactor = new WaitReactor(context, rpc);
+  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime =
+      authenticator_->AuthenticateTenant(*context);
+  if (!runtime.ok()) {
+    reactor->CompleteIfUnclaimed(runtime.status());
+    return reactor;
+  }
+  reactor->log().set_tenant((*runtime)->tenant_id());
+  if (!parse_error.ok()) {
+    reactor->CompleteIfUnclaimed(parse_error);
+    return reactor;
+  }
+  absl::StatusOr<JobInfo> job = (*runtime)->Submit(stream, std::move(steps), program);
+  if (!job.ok()) {
+    reactor->CompleteIfUnclaimed(job.status());
+    return reactor;
+  }
+  if (!wait) {
+    if (reactor->Claim()) {
+      JobToProto(*job, response);
+      reactor->Complete(absl::OkStatus());
+    }
+    return reactor;
+  }
+  reactor->Hold();
+  absl::Status registered =
+      (*runtime)->WhenJobDone(job->id, [reactor, response](const JobInfo& done) {
+        if (reactor->Claim()) {
+          JobToProto(done, response);
+          reactor->Complete(absl::OkStatus());
+        }
+        reactor->Release();
+      });
+  if (!registered.ok()) {  // already forgotten: answer with what was accepted
+    if (reactor->Claim()) {
+      JobToProto(*job, response);
+      reactor->Complete(absl::OkStatus());
+    }
+    reactor->Release();
+  }
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* ComputeService::Launch(grpc::CallbackServerContext* context,
-                                                 const v1::LaunchRequest*, v1::Job*) {
-  return Unary(context, "Launch");
+                                                 const v1::LaunchRequest* request,
+                                                 v1::Job* response) {
+  absl::StatusOr<LaunchSpec> step = StepFromProto(request->kernel(), nullptr, &request->inputs(),
+                                                  request->outputs(), request->attrs(), "");
+  std::vector<LaunchSpec> steps;
+  if (step.ok()) steps.push_back(*std::move(step));
+  return Enqueue(context, "Launch", request->stream(), std::move(steps), /*program=*/false,
+                 request->wait(), response, step.status());
 }
 
 grpc::ServerUnaryReactor* ComputeService::Submit(grpc::CallbackServerContext* context,
-                                                 const v1::SubmitRequest*, v1::Job*) {
-  return Unary(context, "Submit");
+                                                 const v1::SubmitRequest* request,
+                                                 v1::Job* response) {
+  std::vector<LaunchSpec> steps;
+  absl::Status parsed;
+  for (int i = 0; i < request->steps_size() && parsed.ok(); ++i) {
+    const v1::ProgramStep& s = request->steps(i);
+    absl::StatusOr<LaunchSpec> step = StepFromProto(s.kernel(), &s.inputs(), nullptr, s.outputs(),
+                                                    s.attrs(), absl::StrCat("steps[", i, "]"));
+    if (step.ok()) {
+      steps.push_back(*std::move(step));
+    } else {
+      parsed = step.status();
+    }
+  }
+  return Enqueue(context, "Submit", request->stream(), std::move(steps), /*program=*/true,
+                 request->wait(), response, parsed);
 }
 
 grpc::ServerUnaryReactor* ComputeService::WaitJob(grpc::CallbackServerContext* context,
-                                                  const v1::WaitJobRequest*, v1::Job*) {
-  return Unary(context, "WaitJob");
+                                                  const v1::WaitJobRequest* request,
+                                                  v1::Job* response) {
+  auto* reactor = new WaitReactor(context, "WaitJob");
+  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime =
+      authenticator_->AuthenticateTenant(*context);
+  if (!runtime.ok()) {
+    reactor->CompleteIfUnclaimed(runtime.status());
+    return reactor;
+  }
+  reactor->log().set_tenant((*runtime)->tenant_id());
+  if (request->timeout().seconds() < 0 || request->timeout().nanos() < 0) {
+    reactor->CompleteIfUnclaimed(absl::InvalidArgumentError("timeout must be >= 0"));
+    return reactor;
+  }
+  std::string id = request->job_id();
+  reactor->Hold();
+  absl::Status registered = (*runtime)->WhenJobDone(id, [reactor, response](const JobInfo& done) {
+    if (reactor->Claim()) {
+      JobToProto(done, response);
+      reactor->Complete(absl::OkStatus());
+    }
+    reactor->Release();
+  });
+  if (!registered.ok()) {
+    reactor->CompleteIfUnclaimed(registered);
+    reactor->Release();
+    return reactor;
+  }
+  if (request->has_timeout()) {
+    absl::Duration timeout =
+        absl::Seconds(request->timeout().seconds()) + absl::Nanoseconds(request->timeout().nanos());
+    std::shared_ptr<TenantRuntime> held = *runtime;
+    reactor->SetTimer(absl::Now() + timeout, [reactor, response, held, id] {
+      if (!reactor->Claim()) return;
+      absl::StatusOr<JobInfo> now = held->GetJob(id);
+      if (now.ok()) JobToProto(*now, response);
+      reactor->Complete(now.status());
+    });
+  }
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* ComputeService::CancelJob(grpc::CallbackServerContext* context,
-                                                    const v1::CancelJobRequest*, v1::Job*) {
-  return Unary(context, "CancelJob");
+                                                    const v1::CancelJobRequest* request,
+                                                    v1::Job* response) {
+  return Serve(context, "CancelJob", [&](TenantRuntime& runtime) -> absl::Status {
+    ASSIGN_OR_RETURN(JobInfo job, runtime.CancelJob(request->job_id()));
+    JobToProto(job, response);
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* ComputeService::Synchronize(grpc::CallbackServerContext* context,
-                                                      const v1::SynchronizeRequest*,
-                                                      v1::SynchronizeResponse*) {
-  return Unary(context, "Synchronize");
+                                                      const v1::SynchronizeRequest* request,
+                                                      v1::SynchronizeResponse* response) {
+  auto* reactor = new WaitReactor(context, "Synchronize");
+  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime =
+      authenticator_->AuthenticateTenant(*context);
+  if (!runtime.ok()) {
+    reactor->CompleteIfUnclaimed(runtime.status());
+    return reactor;
+  }
+  reactor->log().set_tenant((*runtime)->tenant_id());
+  std::optional<int64_t> stream;
+  if (request->has_stream()) stream = request->stream();
+  reactor->Hold();
+  absl::Status status = (*runtime)->WhenIdle(stream, [reactor, response](uint64_t n) {
+    if (reactor->Claim()) {
+      response->set_jobs_completed(n);
+      reactor->Complete(absl::OkStatus());
+    }
+    reactor->Release();
+  });
+  if (!status.ok()) {
+    reactor->CompleteIfUnclaimed(status);
+    reactor->Release();
+  }
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* ComputeService::ListKernels(grpc::CallbackServerContext* context,
                                                       const v1::ListKernelsRequest*,
-                                                      v1::ListKernelsResponse*) {
-  return Unary(context, "ListKernels");
+                                                      v1::ListKernelsResponse* response) {
+  return Serve(context, "ListKernels", [&](TenantRuntime&) -> absl::Status {
+    *response = KernelCatalogProto();
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* ComputeService::GetUsage(grpc::CallbackServerContext* context,
-                                                   const v1::GetUsageRequest*, v1::Usage*) {
-  return Unary(context, "GetUsage");
+                                                   const v1::GetUsageRequest*,
+                                                   v1::Usage* response) {
+  return Serve(context, "GetUsage", [&](TenantRuntime& runtime) -> absl::Status {
+    UsageToProto(runtime.Usage(), response);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace tessera

@@ -1,20 +1,23 @@
 #ifndef TESSERA_SERVER_SERVICE_COMPUTE_SERVICE_H_
 #define TESSERA_SERVER_SERVICE_COMPUTE_SERVICE_H_
 
+#include <cstdint>
+
 #include "server/service/auth.h"
 #include "tessera/v1/compute.grpc.pb.h"
 
 namespace tessera {
 
-/// tessera.v1.Compute. The data plane (tensors, kernels, jobs) is not in this release:
-/// every RPC authenticates the tenant key, so clients can already check their credentials,
-/// and then answers UNIMPLEMENTED. The data-plane issue replaces these bodies with calls
-/// into the core; the authentication and logging edge stays.
+/// tessera.v1.Compute: a stateless adapter over each tenant's TenantRuntime. Authenticates
+/// the tenant key, maps wire types, and never blocks a gRPC thread on device work: calls
+/// that wait (Launch/Submit with `wait`, WaitJob, Synchronize) are finished from the job's
+/// completion, a timer, or the client's cancellation, whichever comes first.
 ///
 /// `authenticator` is borrowed and must outlive the service.
 class ComputeService final : public v1::Compute::CallbackService {
  public:
-  explicit ComputeService(const Authenticator* authenticator) : authenticator_(authenticator) {}
+  ComputeService(const Authenticator* authenticator, int64_t max_message_bytes)
+      : authenticator_(authenticator), max_message_bytes_(max_message_bytes) {}
 
   grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* context,
                                          const v1::CreateTensorRequest* request,
@@ -52,11 +55,17 @@ class ComputeService final : public v1::Compute::CallbackService {
                                      v1::Usage* response) override;
 
  private:
-  /// The status of a data-plane call: the authentication error, else UNIMPLEMENTED.
-  grpc::Status NotYet(grpc::CallbackServerContext* context, const char* rpc) const;
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const char* rpc) const;
+  /// Authenticates, runs `body(runtime, log)` inline, finishes with its status.
+  template <typename Body>
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, const char* rpc, Body body);
+  /// Enqueues a job and answers at once, or when it finishes if `wait`.
+  grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* context, const char* rpc,
+                                    int64_t stream, std::vector<LaunchSpec> steps, bool program,
+                                    bool wait, v1::Job* response,
+                                    absl::Status parse_error = absl::OkStatus());
 
   const Authenticator* const authenticator_;
+  const int64_t max_message_bytes_;
 };
 
 }  // namespace tessera

@@ -58,7 +58,7 @@ TEST_F(TenantTableTest, RegisterCreatesContextAndReturnsAWorkingKey) {
   EXPECT_EQ(registered->tenant.record.quota.max_streams, 4u);  // default filled
   EXPECT_EQ(registered->tenant.context.kind, ContextKind::kFallback);
   EXPECT_EQ(backend_->live_contexts(), 1);
-  EXPECT_EQ(*table_->AuthenticateKey(registered->api_key), "alpha");
+  EXPECT_EQ((*table_->AuthenticateKey(registered->api_key))->tenant_id(), "alpha");
   // Only the hash is stored.
   EXPECT_EQ(registered->tenant.record.key_hash, HashCredential(registered->api_key));
 }
@@ -161,11 +161,11 @@ TEST_F(TenantTableTest, RotateKeyRevokesTheOldKeyAtOnce) {
   ASSERT_TRUE(rotated.ok());
   EXPECT_EQ(table_->AuthenticateKey(registered.api_key).status().code(),
             absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(*table_->AuthenticateKey(rotated->api_key), "alpha");
+  EXPECT_EQ((*table_->AuthenticateKey(rotated->api_key))->tenant_id(), "alpha");
   Open();  // and after a restart
   EXPECT_EQ(table_->AuthenticateKey(registered.api_key).status().code(),
             absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(*table_->AuthenticateKey(rotated->api_key), "alpha");
+  EXPECT_EQ((*table_->AuthenticateKey(rotated->api_key))->tenant_id(), "alpha");
 }
 
 TEST_F(TenantTableTest, AuthenticationRevealsNothing) {
@@ -195,7 +195,7 @@ TEST_F(TenantTableTest, RestoreRebuildsEveryContext) {
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(after.tenants[i].record, before.tenants[i].record);
   }
-  EXPECT_EQ(*table_->AuthenticateKey(alpha.api_key), "alpha");
+  EXPECT_EQ((*table_->AuthenticateKey(alpha.api_key))->tenant_id(), "alpha");
   EXPECT_EQ(table_->Get("gamma").status().code(), absl::StatusCode::kNotFound);
 }
 

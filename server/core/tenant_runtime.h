@@ -1,0 +1,234 @@
+#ifndef TESSERA_SERVER_CORE_TENANT_RUNTIME_H_
+#define TESSERA_SERVER_CORE_TENANT_RUNTIME_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+#include "kernels/registry.h"
+#include "server/backend/backend.h"
+#include "server/core/tenant.h"
+
+namespace tessera {
+
+struct TensorInfo {
+  std::string handle;
+  kernels::TensorMeta meta;
+  uint64_t size_bytes = 0;
+  absl::Time create_time;
+};
+
+enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
+
+/// A consistent copy of a job.
+struct JobInfo {
+  std::string id;
+  JobState state = JobState::kQueued;
+  int stream = 0;
+  std::vector<TensorInfo> outputs;
+  /// For kFailed / kCancelled.
+  absl::Status error;
+  int failed_step = -1;
+  absl::Time enqueue_time, start_time, end_time;
+};
+
+/// An input of a launch: a tensor handle, or output `output` of an earlier step.
+struct Operand {
+  std::string handle;
+  int step = -1;
+  int output = 0;
+};
+
+/// An output of a launch: a new tensor with the inferred type and shape, an existing
+/// tensor, or a new tensor of a given spec (checked against inference).
+struct OutputSpec {
+  enum class Kind { kInfer, kHandle, kCreate };
+  Kind kind = Kind::kInfer;
+  std::string handle;
+  kernels::TensorMeta create;
+};
+
+struct LaunchSpec {
+  std::string kernel;
+  std::vector<Operand> inputs;
+  /// Empty: one inferred tensor per kernel output.
+  std::vector<OutputSpec> outputs;
+  kernels::Attrs attrs;
+};
+
+struct UsageInfo {
+  uint64_t memory_used_bytes = 0, memory_peak_bytes = 0, memory_quota_bytes = 0;
+  uint64_t tensors = 0;
+  uint64_t jobs_queued = 0, jobs_running = 0, jobs_succeeded = 0, jobs_failed = 0,
+           jobs_cancelled = 0;
+  absl::Duration busy_time;
+};
+
+inline constexpr size_t kMaxProgramSteps = 256;
+/// Finished jobs kept for WaitJob/CancelJob per tenant; older ones are forgotten.
+inline constexpr size_t kFinishedJobsKept = 4096;
+
+/// A tenant's data plane: its tensors (bytes counted exactly against the memory quota), its
+/// jobs on its streams, and its execution context. Handles and job ids are unguessable and
+/// scoped to this tenant. Every launch is validated completely (kernel registry, handles,
+/// quota, queue depth) before anything is enqueued.
+///
+/// Thread-safe. Shared by the tenant table and in-flight calls; Close() (deregistration,
+/// shutdown) makes every later call fail and releases the context.
+class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
+ public:
+  TenantRuntime(std::string tenant_id, Quota quota, std::unique_ptr<TenantContext> context);
+  ~TenantRuntime();
+
+  const std::string& tenant_id() const { return tenant_id_; }
+  const Quota& quota() const { return quota_; }
+  const ContextInfo& context_info() const { return context_info_; }
+
+  // ---- tensors ----
+  /// A new tensor, zero-filled or holding `data` (which must be exactly its size).
+  absl::StatusOr<TensorInfo> CreateTensor(const kernels::TensorMeta& meta, absl::string_view data)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<TensorInfo> GetTensor(absl::string_view handle) const ABSL_LOCKS_EXCLUDED(mu_);
+  struct TensorPage {
+    std::vector<TensorInfo> tensors;
+    std::string last_handle;  // set when more follow
+  };
+  TensorPage ListTensors(absl::string_view after, size_t limit) const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Frees the tensor; FAILED_PRECONDITION while a job or a transfer uses it.
+  absl::StatusOr<uint64_t> DeleteTensor(absl::string_view handle) ABSL_LOCKS_EXCLUDED(mu_);
+
+  /// An upload in progress. Chunks may come in any order but may not overlap; Finish()
+  /// requires every byte written. Destroying an unfinished writer deletes a tensor it
+  /// created (an aborted upload leaves nothing behind).
+  class Writer {
+   public:
+    ~Writer();
+    const TensorInfo& info() const { return info_; }
+    absl::Status Write(uint64_t offset, absl::string_view data);
+    absl::StatusOr<TensorInfo> Finish();
+
+   private:
+    friend class TenantRuntime;
+    Writer(std::shared_ptr<TenantRuntime> runtime, TensorInfo info,
+           std::shared_ptr<DeviceBuffer> buffer, bool created);
+    std::shared_ptr<TenantRuntime> runtime_;
+    TensorInfo info_;
+    std::shared_ptr<DeviceBuffer> buffer_;
+    bool created_;
+    bool finished_ = false;
+    uint64_t written_ = 0;
+    std::map<uint64_t, uint64_t> ranges_;  // start -> end of written ranges
+  };
+  /// Writes into an existing tensor (`handle`) or a new one (`create`). FAILED_PRECONDITION
+  /// while a job or another transfer uses the tensor.
+  absl::StatusOr<std::unique_ptr<Writer>> BeginWrite(
+      const std::string& handle, const std::optional<kernels::TensorMeta>& create)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  /// A download in progress; the tensor cannot be deleted or written meanwhile.
+  class Reader {
+   public:
+    ~Reader();
+    const TensorInfo& info() const { return info_; }
+    absl::Status Read(uint64_t offset, uint64_t bytes, void* dst);
+
+   private:
+    friend class TenantRuntime;
+    Reader(std::shared_ptr<TenantRuntime> runtime, TensorInfo info,
+           std::shared_ptr<DeviceBuffer> buffer);
+    std::shared_ptr<TenantRuntime> runtime_;
+    TensorInfo info_;
+    std::shared_ptr<DeviceBuffer> buffer_;
+  };
+  /// FAILED_PRECONDITION while a queued or running job writes the tensor.
+  absl::StatusOr<std::unique_ptr<Reader>> BeginRead(absl::string_view handle)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- jobs ----
+  /// Validates and enqueues `steps` as one job on `stream`. `program` prefixes errors with
+  /// the failing step ("steps[2] (matmul): ..."). Errors: INVALID_ARGUMENT, NOT_FOUND (a
+  /// handle), RESOURCE_EXHAUSTED (queue depth, memory quota), FAILED_PRECONDITION.
+  absl::StatusOr<JobInfo> Submit(int64_t stream, std::vector<LaunchSpec> steps, bool program)
+      ABSL_LOCKS_EXCLUDED(mu_, submit_mu_);
+  absl::StatusOr<JobInfo> GetJob(absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Cancels a queued job (it will not run); a running or finished job is returned as is.
+  absl::StatusOr<JobInfo> CancelJob(absl::string_view id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  using JobCallback = absl::AnyInvocable<void(const JobInfo&) &&>;
+  /// Calls `callback` once the job has finished (at once if it has), on any thread.
+  absl::Status WhenJobDone(absl::string_view id, JobCallback callback) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Calls `callback(n)` once every job enqueued so far on `stream` (all streams when
+  /// nullopt) has finished; n counts those jobs.
+  absl::Status WhenIdle(std::optional<int64_t> stream,
+                        absl::AnyInvocable<void(uint64_t) &&> callback) ABSL_LOCKS_EXCLUDED(mu_);
+
+  UsageInfo Usage() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  /// Refuses new work (FAILED_PRECONDITION naming `why`), cancels queued jobs, waits for
+  /// running ones, frees every tensor and releases the context. Idempotent.
+  void Close(absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_, submit_mu_);
+
+ private:
+  struct Tensor {
+    TensorInfo info;
+    std::shared_ptr<DeviceBuffer> buffer;
+    int job_readers = 0;  // queued or running jobs reading it
+    int job_writers = 0;  // queued or running jobs writing it
+    int transfers = 0;    // ReadTensor/WriteTensor in progress
+  };
+  struct Job {
+    JobInfo info;
+    std::vector<std::string> reads, writes;  // handles whose counts this job holds
+    bool released = false;
+    std::vector<JobCallback> waiters;
+  };
+
+  absl::Status CheckOpen() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Tensor*> FindLocked(absl::string_view handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<TensorInfo> AddTensorLocked(const kernels::TensorMeta& meta,
+                                             std::shared_ptr<DeviceBuffer>* buffer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Marks `job` finished; returns its waiters to call outside the lock.
+  std::vector<JobCallback> FinishLocked(Job& job, JobState state, absl::Status error,
+                                        int failed_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndTransfer(const std::string& handle, bool delete_tensor) ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<TenantContext> ContextOrNull() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::string tenant_id_;
+  const Quota quota_;
+  const ContextInfo context_info_;
+
+  // Serializes Submit from validation to enqueue, so streams run jobs in acceptance order.
+  absl::Mutex submit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable absl::Mutex mu_;
+  std::shared_ptr<TenantContext> context_ ABSL_GUARDED_BY(mu_);
+  std::string closed_ ABSL_GUARDED_BY(mu_);  // why, once closed
+  std::map<std::string, Tensor, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Job>, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> finished_order_ ABSL_GUARDED_BY(mu_);
+  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t peak_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t succeeded_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+absl::string_view JobStateName(JobState state);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_CORE_TENANT_RUNTIME_H_

@@ -1,0 +1,202 @@
+#include "server/service/compute_convert.h"
+
+#include "absl/strings/str_cat.h"
+
+#include "server/service/convert.h"
+
+namespace tessera {
+namespace {
+
+void AttrToProto(const kernels::AttrValue& value, v1::AttrValue* proto) {
+  std::visit(
+      [proto](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          proto->set_i(v);
+        } else if constexpr (std::is_same_v<T, double>) {
+          proto->set_f(v);
+        } else if constexpr (std::is_same_v<T, bool>) {
+          proto->set_b(v);
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          proto->set_s(v);
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          proto->mutable_ints()->mutable_values()->Add(v.begin(), v.end());
+        } else {
+          proto->mutable_floats()->mutable_values()->Add(v.begin(), v.end());
+        }
+      },
+      value);
+}
+
+v1::KernelParam ParamToProto(const kernels::ParamDef& p) {
+  v1::KernelParam proto;
+  proto.set_name(p.name);
+  for (kernels::DType d : p.dtypes) proto.add_dtypes(static_cast<v1::DType>(d));
+  proto.set_shape_rule(p.shape_rule);
+  proto.set_optional(p.optional);
+  return proto;
+}
+
+}  // namespace
+
+absl::StatusOr<kernels::DType> DTypeFromProto(int value, absl::string_view field) {
+  std::optional<kernels::DType> d = kernels::DTypeFromInt(value);
+  if (!d) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " is ", value, "; use DTYPE_F32, F16, BF16, F64, I32, I64, U8 or BOOL"));
+  }
+  return *d;
+}
+
+absl::StatusOr<kernels::TensorMeta> MetaFromProto(const v1::TensorSpec& spec,
+                                                  absl::string_view field) {
+  kernels::TensorMeta meta;
+  absl::StatusOr<kernels::DType> d = DTypeFromProto(spec.dtype(), absl::StrCat(field, ".dtype"));
+  if (!d.ok()) return d.status();
+  meta.dtype = *d;
+  meta.shape.assign(spec.shape().begin(), spec.shape().end());
+  absl::Status valid = kernels::ByteSize(meta, absl::StrCat(field, ".shape")).status();
+  if (!valid.ok()) return valid;
+  return meta;
+}
+
+absl::StatusOr<kernels::Attrs> AttrsFromProto(
+    const google::protobuf::Map<std::string, v1::AttrValue>& attrs) {
+  kernels::Attrs out;
+  for (const auto& [name, value] : attrs) {
+    switch (value.value_case()) {
+      case v1::AttrValue::kI:
+        out[name] = value.i();
+        break;
+      case v1::AttrValue::kF:
+        out[name] = value.f();
+        break;
+      case v1::AttrValue::kB:
+        out[name] = value.b();
+        break;
+      case v1::AttrValue::kS:
+        out[name] = value.s();
+        break;
+      case v1::AttrValue::kInts:
+        out[name] =
+            std::vector<int64_t>(value.ints().values().begin(), value.ints().values().end());
+        break;
+      case v1::AttrValue::kFloats:
+        out[name] =
+            std::vector<double>(value.floats().values().begin(), value.floats().values().end());
+        break;
+      case v1::AttrValue::VALUE_NOT_SET:
+        return absl::InvalidArgumentError(
+            absl::StrCat("attrs[", name.substr(0, 64), "] has no value"));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<OutputSpec>> OutputsFromProto(
+    const google::protobuf::RepeatedPtrField<v1::Output>& outputs, absl::string_view field) {
+  std::vector<OutputSpec> specs;
+  for (int i = 0; i < outputs.size(); ++i) {
+    const v1::Output& o = outputs[i];
+    OutputSpec spec;
+    switch (o.target_case()) {
+      case v1::Output::kHandle:
+        spec.kind = OutputSpec::Kind::kHandle;
+        spec.handle = o.handle();
+        break;
+      case v1::Output::kCreate: {
+        spec.kind = OutputSpec::Kind::kCreate;
+        absl::StatusOr<kernels::TensorMeta> meta =
+            MetaFromProto(o.create(), absl::StrCat(field, "[", i, "].create"));
+        if (!meta.ok()) return meta.status();
+        spec.create = *meta;
+        break;
+      }
+      case v1::Output::kInfer:
+      case v1::Output::TARGET_NOT_SET:
+        spec.kind = OutputSpec::Kind::kInfer;
+        break;
+    }
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+void TensorInfoToProto(const TensorInfo& info, v1::TensorInfo* proto) {
+  proto->set_handle(info.handle);
+  proto->set_dtype(static_cast<v1::DType>(info.meta.dtype));
+  proto->mutable_shape()->Add(info.meta.shape.begin(), info.meta.shape.end());
+  proto->set_size_bytes(info.size_bytes);
+  TimeToProto(info.create_time, proto->mutable_create_time());
+}
+
+void JobToProto(const JobInfo& job, v1::Job* proto) {
+  proto->set_job_id(job.id);
+  switch (job.state) {
+    case JobState::kQueued:
+      proto->set_state(v1::JOB_STATE_QUEUED);
+      break;
+    case JobState::kRunning:
+      proto->set_state(v1::JOB_STATE_RUNNING);
+      break;
+    case JobState::kSucceeded:
+      proto->set_state(v1::JOB_STATE_SUCCEEDED);
+      break;
+    case JobState::kFailed:
+      proto->set_state(v1::JOB_STATE_FAILED);
+      break;
+    case JobState::kCancelled:
+      proto->set_state(v1::JOB_STATE_CANCELLED);
+      break;
+  }
+  proto->set_stream(static_cast<uint32_t>(job.stream));
+  for (const TensorInfo& t : job.outputs) TensorInfoToProto(t, proto->add_outputs());
+  if (!job.error.ok()) {
+    proto->set_error_code(static_cast<int32_t>(job.error.code()));
+    std::string message(job.error.message());
+    if (job.failed_step >= 0) message = absl::StrCat("step ", job.failed_step, ": ", message);
+    proto->set_error_message(message);
+  }
+  TimeToProto(job.enqueue_time, proto->mutable_enqueue_time());
+  if (job.start_time != absl::Time()) TimeToProto(job.start_time, proto->mutable_start_time());
+  if (job.end_time != absl::Time()) TimeToProto(job.end_time, proto->mutable_end_time());
+}
+
+void UsageToProto(const UsageInfo& u, v1::Usage* proto) {
+  proto->set_memory_used_bytes(u.memory_used_bytes);
+  proto->set_memory_peak_bytes(u.memory_peak_bytes);
+  proto->set_memory_quota_bytes(u.memory_quota_bytes);
+  proto->set_tensors(u.tensors);
+  proto->set_jobs_queued(u.jobs_queued);
+  proto->set_jobs_running(u.jobs_running);
+  proto->set_jobs_succeeded(u.jobs_succeeded);
+  proto->set_jobs_failed(u.jobs_failed);
+  proto->set_jobs_cancelled(u.jobs_cancelled);
+  int64_t ns = absl::ToInt64Nanoseconds(u.busy_time);
+  proto->mutable_busy_time()->set_seconds(ns / 1000000000);
+  proto->mutable_busy_time()->set_nanos(static_cast<int32_t>(ns % 1000000000));
+}
+
+const v1::ListKernelsResponse& KernelCatalogProto() {
+  static const v1::ListKernelsResponse* catalog = [] {
+    auto* response = new v1::ListKernelsResponse();
+    for (const kernels::KernelDef& k : kernels::Registry::Global().kernels()) {
+      v1::KernelInfo* info = response->add_kernels();
+      info->set_name(k.name);
+      info->set_description(k.description);
+      for (const auto& p : k.inputs) *info->add_inputs() = ParamToProto(p);
+      for (const auto& p : k.outputs) *info->add_outputs() = ParamToProto(p);
+      for (const auto& a : k.attrs) {
+        v1::KernelAttr* attr = info->add_attrs();
+        attr->set_name(a.name);
+        attr->set_type(std::string(kernels::AttrTypeName(a.type)));
+        if (a.default_value) AttrToProto(*a.default_value, attr->mutable_default_value());
+        attr->set_description(absl::StrCat(a.required ? "(required) " : "", a.description));
+      }
+    }
+    return response;
+  }();
+  return *catalog;
+}
+
+}  // namespace tessera
