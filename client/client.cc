@@ -68,7 +68,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
       channel_(std::move(channel)),
-      admin_(v1::TenantAdmin::NewStub(channel_)) {}
+      admin_(v1::TenantAdmin::NewStub(channel_)),
+      compute_(v1::Compute::NewStub(channel_)) {}
 
 std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -147,6 +148,172 @@ absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
   v1::GetServerInfoRequest request;
   return Unary<v1::ServerInfo>(*this, [&](auto* context, auto* response) {
     return admin_->GetServerInfo(context, request, response);
+  });
+}
+
+absl::StatusOr<v1::TensorInfo> Client::CreateTensor(const v1::TensorSpec& spec,
+                                                    absl::string_view data) {
+  v1::CreateTensorRequest request;
+  *request.mutable_spec() = spec;
+  request.set_data(std::string(data));
+  return Unary<v1::TensorInfo>(*this, [&](auto* context, auto* response) {
+    return compute_->CreateTensor(context, request, response);
+  });
+}
+
+absl::StatusOr<v1::TensorInfo> Client::Write(const v1::WriteHeader& header, absl::string_view data,
+                                             size_t chunk_bytes, const Progress& progress) {
+  if (chunk_bytes == 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
+  std::unique_ptr<grpc::ClientContext> context = NewContext();
+  v1::TensorInfo response;
+  auto writer = compute_->WriteTensor(context.get(), &response);
+  v1::WriteTensorRequest message;
+  *message.mutable_header() = header;
+  bool ok = writer->Write(message);
+  for (size_t offset = 0; ok && offset < data.size(); offset += chunk_bytes) {
+    size_t n = std::min(chunk_bytes, data.size() - offset);
+    message.mutable_chunk()->set_offset(offset);
+    message.mutable_chunk()->set_data(data.data() + offset, n);
+    // The chunk is the last use of `message` before the next iteration overwrites it.
+    ok = writer->Write(message, grpc::WriteOptions().set_buffer_hint());
+    if (progress) progress(offset + n, data.size());
+  }
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::TensorInfo> Client::Upload(const v1::TensorSpec& spec, absl::string_view data,
+                                              size_t chunk_bytes, const Progress& progress) {
+  v1::WriteHeader header;
+  *header.mutable_create() = spec;
+  return Write(header, data, chunk_bytes, progress);
+}
+
+absl::StatusOr<v1::TensorInfo> Client::Overwrite(absl::string_view handle, absl::string_view data,
+                                                 size_t chunk_bytes, const Progress& progress) {
+  v1::WriteHeader header;
+  header.set_handle(std::string(handle));
+  return Write(header, data, chunk_bytes, progress);
+}
+
+absl::StatusOr<std::string> Client::Download(absl::string_view handle, uint64_t offset,
+                                             uint64_t length, uint32_t chunk_bytes,
+                                             const Progress& progress) {
+  std::unique_ptr<grpc::ClientContext> context = NewContext();
+  v1::ReadTensorRequest request;
+  request.set_handle(std::string(handle));
+  request.set_offset(offset);
+  request.set_length(length);
+  request.set_chunk_bytes(chunk_bytes);
+  auto reader = compute_->ReadTensor(context.get(), request);
+  std::string bytes;
+  uint64_t total = 0;
+  v1::ReadTensorResponse message;
+  while (reader->Read(&message)) {
+    if (message.has_info()) {
+      total = length != 0 ? length : message.info().size_bytes() - offset;
+      bytes.reserve(total);
+    }
+    const v1::Chunk& chunk = message.chunk();
+    if (chunk.offset() != offset + bytes.size()) {
+      context->TryCancel();
+      reader->Finish();
+      return absl::DataLossError("ReadTensor returned chunks out of order");
+    }
+    bytes.append(chunk.data());
+    if (progress) progress(bytes.size(), total);
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  return bytes;
+}
+
+absl::StatusOr<v1::TensorInfo> Client::GetTensor(absl::string_view handle) {
+  v1::GetTensorRequest request;
+  request.set_handle(std::string(handle));
+  return Unary<v1::TensorInfo>(*this, [&](auto* context, auto* response) {
+    return compute_->GetTensor(context, request, response);
+  });
+}
+
+absl::StatusOr<std::vector<v1::TensorInfo>> Client::ListAllTensors() {
+  std::vector<v1::TensorInfo> tensors;
+  v1::ListTensorsRequest request;
+  do {
+    auto page = Unary<v1::ListTensorsResponse>(*this, [&](auto* context, auto* response) {
+      return compute_->ListTensors(context, request, response);
+    });
+    if (!page.ok()) return page.status();
+    for (v1::TensorInfo& t : *page->mutable_tensors()) tensors.push_back(std::move(t));
+    request.set_page_token(page->next_page_token());
+  } while (!request.page_token().empty());
+  return tensors;
+}
+
+absl::StatusOr<uint64_t> Client::DeleteTensor(absl::string_view handle) {
+  v1::DeleteTensorRequest request;
+  request.set_handle(std::string(handle));
+  auto response = Unary<v1::DeleteTensorResponse>(
+      *this, [&](auto* context, auto* r) { return compute_->DeleteTensor(context, request, r); });
+  if (!response.ok()) return response.status();
+  return response->released_bytes();
+}
+
+absl::StatusOr<v1::Job> Client::Launch(const v1::LaunchRequest& request) {
+  return Unary<v1::Job>(*this, [&](auto* context, auto* response) {
+    return compute_->Launch(context, request, response);
+  });
+}
+
+absl::StatusOr<v1::Job> Client::Submit(const v1::SubmitRequest& request) {
+  return Unary<v1::Job>(*this, [&](auto* context, auto* response) {
+    return compute_->Submit(context, request, response);
+  });
+}
+
+absl::StatusOr<v1::Job> Client::WaitJob(absl::string_view job_id, absl::Duration timeout) {
+  v1::WaitJobRequest request;
+  request.set_job_id(std::string(job_id));
+  if (timeout != absl::InfiniteDuration()) {
+    int64_t ns = absl::ToInt64Nanoseconds(timeout);
+    request.mutable_timeout()->set_seconds(ns / 1000000000);
+    request.mutable_timeout()->set_nanos(static_cast<int32_t>(ns % 1000000000));
+  }
+  return Unary<v1::Job>(*this, [&](auto* context, auto* response) {
+    return compute_->WaitJob(context, request, response);
+  });
+}
+
+absl::StatusOr<v1::Job> Client::CancelJob(absl::string_view job_id) {
+  v1::CancelJobRequest request;
+  request.set_job_id(std::string(job_id));
+  return Unary<v1::Job>(*this, [&](auto* context, auto* response) {
+    return compute_->CancelJob(context, request, response);
+  });
+}
+
+absl::StatusOr<uint64_t> Client::Synchronize(int64_t stream) {
+  v1::SynchronizeRequest request;
+  if (stream >= 0) request.set_stream(static_cast<uint32_t>(stream));
+  auto response = Unary<v1::SynchronizeResponse>(
+      *this, [&](auto* context, auto* r) { return compute_->Synchronize(context, request, r); });
+  if (!response.ok()) return response.status();
+  return response->jobs_completed();
+}
+
+absl::StatusOr<v1::ListKernelsResponse> Client::ListKernels() {
+  v1::ListKernelsRequest request;
+  return Unary<v1::ListKernelsResponse>(*this, [&](auto* context, auto* response) {
+    return compute_->ListKernels(context, request, response);
+  });
+}
+
+absl::StatusOr<v1::Usage> Client::GetUsage() {
+  v1::GetUsageRequest request;
+  return Unary<v1::Usage>(*this, [&](auto* context, auto* response) {
+    return compute_->GetUsage(context, request, response);
   });
 }
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -22,6 +24,7 @@
 
 #include "server/common/byte_size.h"
 #include "tessera/client.h"
+#include "tessera/npy.h"
 
 ABSL_FLAG(std::string, addr, "",
           "Server address host:port (default $TESSERA_ADDR or 127.0.0.1:50051)");
@@ -45,6 +48,16 @@ ABSL_FLAG(uint32_t, max_queued_jobs, 0, "Quota: queued jobs 1..65536 (default 10
 ABSL_FLAG(std::string, priority, "", "Quota: normal or low (default normal)");
 ABSL_FLAG(int32_t, device, -1, "Device index to place the tenant on (-1: most free memory)");
 ABSL_FLAG(int32_t, page_size, 0, "tenant list: page size (0: server default)");
+// tensors and runs
+ABSL_FLAG(std::string, o, "", "tensor get: output .npy file");
+ABSL_FLAG(std::vector<std::string>, in, {}, "run: input tensor handles, comma-separated");
+ABSL_FLAG(std::vector<std::string>, out, {},
+          "run: output tensor handles (default: new tensors with inferred shapes)");
+ABSL_FLAG(std::string, attr, "",
+          "run: attributes k=v;k=v (v: int, float, true/false, [1,2] list, or a string)");
+ABSL_FLAG(uint32_t, stream, 0, "run: stream index");
+ABSL_FLAG(bool, wait, true, "run: wait for the job to finish");
+ABSL_FLAG(tessera::ByteSize, chunk, tessera::ByteSize{1 << 20}, "tensor put/get: chunk size");
 
 namespace {
 
@@ -62,6 +75,12 @@ commands:
   tenant deregister ID
   tenant rotate-key ID
   server info
+  tensor put FILE.npy                 upload (prints the new handle)
+  tensor get HANDLE -o FILE.npy       download
+  tensor ls | tensor rm HANDLE...
+  run KERNEL --in=H1,H2 [--out=H] [--attr='axes=[0];keepdims=true'] [--stream=N]
+  kernels                             the kernel catalog
+  usage                               memory and job counters
 
 The address comes from --addr or $TESSERA_ADDR, the token from --token, --token_file or
 $TESSERA_TOKEN. Exit status: 0 success, 1 the server refused, 2 bad usage.)";
@@ -304,6 +323,187 @@ int TenantCommand(tessera::Client& client, const std::vector<std::string>& args)
   return UsageError(absl::StrCat("tenant ", verb, ": unknown command"));
 }
 
+// A progress bar on stderr for transfers over 4 MiB when it is a terminal.
+tessera::Client::Progress ProgressBar(const std::string& label, uint64_t total) {
+  if (total <= (4u << 20) || !isatty(2)) return nullptr;
+  return [label, last = -1](uint64_t done, uint64_t all) mutable {
+    int percent = all == 0 ? 100 : static_cast<int>(100 * done / all);
+    if (percent == last) return;
+    last = percent;
+    std::string bar(static_cast<size_t>(percent / 4), '=');
+    bar.resize(25, ' ');
+    std::fprintf(stderr, "\r%s [%s] %3d%% %s / %s", label.c_str(), bar.c_str(), percent,
+                 Bytes(done).c_str(), Bytes(all).c_str());
+    if (done >= all) std::fprintf(stderr, "\n");
+  };
+}
+
+std::string DTypeShort(int dtype) {
+  std::string name = tessera::v1::DType_Name(static_cast<tessera::v1::DType>(dtype));
+  return absl::AsciiStrToLower(name.substr(std::string_view("DTYPE_").size()));
+}
+
+std::string TensorLine(const tessera::v1::TensorInfo& t) {
+  return absl::StrFormat("%-26s %-5s %-20s %12s", t.handle(), DTypeShort(t.dtype()),
+                         absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]"),
+                         Bytes(t.size_bytes()));
+}
+
+int TensorCommand(tessera::Client& client, const std::vector<std::string>& args) {
+  if (args.size() < 2) return UsageError("tensor: which command? put|get|ls|rm");
+  const std::string& verb = args[1];
+  if (verb == "ls") {
+    auto tensors = client.ListAllTensors();
+    if (!tensors.ok()) return RpcError(tensors.status());
+    if (Json()) {
+      tessera::v1::ListTensorsResponse all;
+      for (auto& t : *tensors) *all.add_tensors() = t;
+      PrintJson(all);
+      return 0;
+    }
+    std::cout << absl::StrFormat("%-26s %-5s %-20s %12s\n", "HANDLE", "DTYPE", "SHAPE", "BYTES");
+    for (const auto& t : *tensors) std::cout << TensorLine(t) << "\n";
+    return 0;
+  }
+  if (verb == "rm") {
+    if (args.size() < 3) return UsageError("tensor rm: which handles?");
+    for (size_t i = 2; i < args.size(); ++i) {
+      auto released = client.DeleteTensor(args[i]);
+      if (!released.ok()) return RpcError(released.status());
+      std::cout << "deleted " << args[i] << " (" << Bytes(*released) << ")\n";
+    }
+    return 0;
+  }
+  if (args.size() != 3) return UsageError(absl::StrCat("tensor ", verb, ": expected one argument"));
+  size_t chunk = static_cast<size_t>(absl::GetFlag(FLAGS_chunk).bytes);
+  if (verb == "put") {
+    auto array = tessera::ReadNpyFile(args[2]);
+    if (!array.ok()) return UsageError(array.status().message());
+    tessera::v1::TensorSpec spec;
+    spec.set_dtype(array->dtype);
+    spec.mutable_shape()->Add(array->shape.begin(), array->shape.end());
+    auto info = client.Upload(spec, array->data, chunk, ProgressBar("put", array->data.size()));
+    if (!info.ok()) return RpcError(info.status());
+    Json() ? PrintJson(*info) : void(std::cout << info->handle() << "\n");
+    return 0;
+  }
+  if (verb == "get") {
+    std::string path = absl::GetFlag(FLAGS_o);
+    if (path.empty()) return UsageError("tensor get: give -o FILE.npy");
+    auto info = client.GetTensor(args[2]);
+    if (!info.ok()) return RpcError(info.status());
+    tessera::NpyArray array;
+    array.dtype = info->dtype();
+    array.shape.assign(info->shape().begin(), info->shape().end());
+    auto bytes = client.Download(args[2], 0, 0, static_cast<uint32_t>(chunk),
+                                 ProgressBar("get", info->size_bytes()));
+    if (!bytes.ok()) return RpcError(bytes.status());
+    array.data = *std::move(bytes);
+    if (absl::Status s = tessera::WriteNpyFile(path, array); !s.ok())
+      return UsageError(s.message());
+    std::cout << "wrote " << path << " (" << DTypeShort(info->dtype()) << "["
+              << absl::StrJoin(info->shape(), ", ") << "], " << Bytes(info->size_bytes()) << ")\n";
+    return 0;
+  }
+  return UsageError(absl::StrCat("tensor ", verb, ": unknown command"));
+}
+
+// "3" int, "2.5" float, "true" bool, "[0,1]" list, anything else a string.
+tessera::v1::AttrValue ParseAttr(absl::string_view text) {
+  tessera::v1::AttrValue value;
+  int64_t i;
+  double f;
+  if (text == "true" || text == "false") {
+    value.set_b(text == "true");
+  } else if (absl::SimpleAtoi(text, &i)) {
+    value.set_i(i);
+  } else if (absl::SimpleAtod(text, &f) && text.find_first_of("0123456789") != text.npos) {
+    value.set_f(f);
+  } else if (absl::ConsumePrefix(&text, "[") && absl::ConsumeSuffix(&text, "]")) {
+    std::vector<std::string> items = absl::StrSplit(text, ',', absl::SkipWhitespace());
+    bool all_ints = true;
+    for (const auto& item : items) all_ints = all_ints && absl::SimpleAtoi(item, &i);
+    for (const auto& item : items) {
+      if (all_ints) {
+        absl::SimpleAtoi(item, &i);
+        value.mutable_ints()->add_values(i);
+      } else {
+        absl::SimpleAtod(item, &f);
+        value.mutable_floats()->add_values(f);
+      }
+    }
+    if (items.empty()) value.mutable_ints();
+  } else {
+    value.set_s(std::string(text));
+  }
+  return value;
+}
+
+int RunCommand(tessera::Client& client, const std::vector<std::string>& args) {
+  if (args.size() != 2) return UsageError("run: give one kernel name (see `tessera kernels`)");
+  tessera::v1::LaunchRequest request;
+  request.set_kernel(args[1]);
+  for (const std::string& h : absl::GetFlag(FLAGS_in)) request.add_inputs(h);
+  for (const std::string& h : absl::GetFlag(FLAGS_out)) request.add_outputs()->set_handle(h);
+  for (absl::string_view item :
+       absl::StrSplit(absl::GetFlag(FLAGS_attr), ';', absl::SkipWhitespace())) {
+    std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    if (kv.size() != 2) return UsageError(absl::StrCat("--attr: \"", item, "\" is not k=v"));
+    (*request.mutable_attrs())[std::string(absl::StripAsciiWhitespace(kv[0]))] =
+        ParseAttr(absl::StripAsciiWhitespace(kv[1]));
+  }
+  request.set_stream(absl::GetFlag(FLAGS_stream));
+  request.set_wait(absl::GetFlag(FLAGS_wait));
+  auto job = client.Launch(request);
+  if (!job.ok()) return RpcError(job.status());
+  if (Json()) {
+    PrintJson(*job);
+    return 0;
+  }
+  std::string state = tessera::v1::JobState_Name(job->state()).substr(10);
+  std::cout << "job " << job->job_id() << ": " << state << "\n";
+  if (!job->error_message().empty()) std::cout << "error: " << job->error_message() << "\n";
+  for (const auto& t : job->outputs()) std::cout << "  out " << TensorLine(t) << "\n";
+  return job->state() == tessera::v1::JOB_STATE_FAILED ? 1 : 0;
+}
+
+int KernelsCommand(tessera::Client& client) {
+  auto catalog = client.ListKernels();
+  if (!catalog.ok()) return RpcError(catalog.status());
+  if (Json()) {
+    PrintJson(*catalog);
+    return 0;
+  }
+  for (const auto& k : catalog->kernels()) {
+    std::vector<std::string> ins, attrs;
+    for (const auto& p : k.inputs()) ins.push_back(p.optional() ? p.name() + "?" : p.name());
+    for (const auto& a : k.attrs()) attrs.push_back(absl::StrCat(a.name(), ":", a.type()));
+    std::cout << absl::StrFormat(
+        "%-12s (%s)%s  %s\n", k.name(), absl::StrJoin(ins, ", "),
+        attrs.empty() ? "" : absl::StrCat(" [", absl::StrJoin(attrs, ", "), "]"), k.description());
+  }
+  return 0;
+}
+
+int UsageCommand(tessera::Client& client) {
+  auto usage = client.GetUsage();
+  if (!usage.ok()) return RpcError(usage.status());
+  if (Json()) {
+    PrintJson(*usage);
+    return 0;
+  }
+  std::cout << "memory:  " << Bytes(usage->memory_used_bytes()) << " used, "
+            << Bytes(usage->memory_peak_bytes()) << " peak, " << Bytes(usage->memory_quota_bytes())
+            << " quota\n"
+            << "tensors: " << usage->tensors() << "\n"
+            << "jobs:    " << usage->jobs_queued() << " queued, " << usage->jobs_running()
+            << " running, " << usage->jobs_succeeded() << " succeeded, " << usage->jobs_failed()
+            << " failed, " << usage->jobs_cancelled() << " cancelled\n"
+            << "busy:    " << usage->busy_time().seconds() + usage->busy_time().nanos() / 1e9
+            << " s\n";
+  return 0;
+}
+
 int ServerCommand(tessera::Client& client, const std::vector<std::string>& args) {
   if (args.size() != 2 || args[1] != "info")
     return UsageError("server: the command is `server info`");
@@ -362,5 +562,9 @@ int main(int argc, char** argv) {
 
   if (args[0] == "tenant") return TenantCommand(**client, args);
   if (args[0] == "server") return ServerCommand(**client, args);
+  if (args[0] == "tensor") return TensorCommand(**client, args);
+  if (args[0] == "run") return RunCommand(**client, args);
+  if (args[0] == "kernels") return KernelsCommand(**client);
+  if (args[0] == "usage") return UsageCommand(**client);
   return UsageError(absl::StrCat("unknown command \"", args[0], "\""));
 }

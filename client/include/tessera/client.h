@@ -2,6 +2,7 @@
 #define TESSERA_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,42 @@ class Client {
   absl::StatusOr<v1::RotateTenantKeyResponse> RotateTenantKey(absl::string_view tenant_id);
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
 
+  // ---- Compute (tenant API key) ----
+  /// Called during transfers with (bytes done, bytes total).
+  using Progress = std::function<void(uint64_t, uint64_t)>;
+
+  /// A tensor from inline bytes (empty: zero-filled); for data larger than one message use
+  /// Upload.
+  absl::StatusOr<v1::TensorInfo> CreateTensor(const v1::TensorSpec& spec,
+                                              absl::string_view data = "");
+  /// Streams `data` into a new tensor in chunks of `chunk_bytes`.
+  absl::StatusOr<v1::TensorInfo> Upload(const v1::TensorSpec& spec, absl::string_view data,
+                                        size_t chunk_bytes = 1 << 20,
+                                        const Progress& progress = nullptr);
+  /// Streams `data` over an existing tensor (its exact size).
+  absl::StatusOr<v1::TensorInfo> Overwrite(absl::string_view handle, absl::string_view data,
+                                           size_t chunk_bytes = 1 << 20,
+                                           const Progress& progress = nullptr);
+  /// Reads a tensor's bytes (or `length` bytes from `offset`; 0: to the end).
+  absl::StatusOr<std::string> Download(absl::string_view handle, uint64_t offset = 0,
+                                       uint64_t length = 0, uint32_t chunk_bytes = 0,
+                                       const Progress& progress = nullptr);
+  absl::StatusOr<v1::TensorInfo> GetTensor(absl::string_view handle);
+  absl::StatusOr<std::vector<v1::TensorInfo>> ListAllTensors();
+  /// Returns the bytes released.
+  absl::StatusOr<uint64_t> DeleteTensor(absl::string_view handle);
+
+  absl::StatusOr<v1::Job> Launch(const v1::LaunchRequest& request);
+  absl::StatusOr<v1::Job> Submit(const v1::SubmitRequest& request);
+  /// Waits up to `timeout` (infinite: until the call's deadline) for the job to finish.
+  absl::StatusOr<v1::Job> WaitJob(absl::string_view job_id,
+                                  absl::Duration timeout = absl::InfiniteDuration());
+  absl::StatusOr<v1::Job> CancelJob(absl::string_view job_id);
+  /// Waits for every job enqueued so far on `stream` (< 0: all streams).
+  absl::StatusOr<uint64_t> Synchronize(int64_t stream = -1);
+  absl::StatusOr<v1::ListKernelsResponse> ListKernels();
+  absl::StatusOr<v1::Usage> GetUsage();
+
   /// The channel, for stubs this class does not wrap (e.g. grpc.health.v1).
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   /// A context with this client's deadline and credentials, for calls on other stubs.
@@ -69,7 +106,11 @@ class Client {
 
   const ClientOptions options_;
   const std::shared_ptr<grpc::Channel> channel_;
+  absl::StatusOr<v1::TensorInfo> Write(const v1::WriteHeader& header, absl::string_view data,
+                                       size_t chunk_bytes, const Progress& progress);
+
   const std::unique_ptr<v1::TenantAdmin::Stub> admin_;
+  const std::unique_ptr<v1::Compute::Stub> compute_;
 };
 
 /// grpc::Status to absl::Status (same code and message).
