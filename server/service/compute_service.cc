@@ -139,7 +139,12 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
     return writer_->Write(request_.chunk().offset(), request_.chunk().data());
   }
 
-  void Fail(const absl::Status& status) { Finish(log_.Finish(status)); }
+  // The writer is released before the answer goes out, so a client's next call never finds
+  // the tensor still held by this upload.
+  void Fail(const absl::Status& status) {
+    writer_.reset();
+    Finish(log_.Finish(status));
+  }
 
   CallLog log_;
   v1::TensorInfo* const response_;
@@ -156,7 +161,7 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
       : log_(context, "ReadTensor") {
     absl::Status status = Start(auth, *context, request, max_message_bytes);
     if (!status.ok()) {
-      Finish(log_.Finish(status));
+      Done(status);
       return;
     }
     WriteNext();
@@ -164,9 +169,9 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(log_.Finish(absl::CancelledError("the client stopped reading")));
+      Done(absl::CancelledError("the client stopped reading"));
     } else if (position_ >= end_) {
-      Finish(log_.Finish(absl::OkStatus()));
+      Done(absl::OkStatus());
     } else {
       WriteNext();
     }
@@ -212,11 +217,17 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
     data->resize(n);
     absl::Status status = reader_->Read(position_, n, data->data());
     if (!status.ok()) {
-      Finish(log_.Finish(status));
+      Done(status);
       return;
     }
     position_ += n;
     StartWrite(&response_);
+  }
+
+  // The reader is released before the final status goes out (see WriteTensorReactor::Fail).
+  void Done(const absl::Status& status) {
+    reader_.reset();
+    Finish(log_.Finish(status));
   }
 
   CallLog log_;

@@ -1,0 +1,343 @@
+// The data plane through a real server process: tensors, transfers, jobs, programs, quotas,
+// queue bounds, cancellation, deadlines and tenant isolation.
+#include <cstring>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+#include "tessera/npy.h"
+#include "tests/testing/server_fixture.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::kGiB;
+
+v1::TensorSpec Spec(v1::DType dtype, std::vector<int64_t> shape) {
+  v1::TensorSpec spec;
+  spec.set_dtype(dtype);
+  spec.mutable_shape()->Add(shape.begin(), shape.end());
+  return spec;
+}
+
+std::string Floats(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+std::vector<float> AsFloats(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+class ComputeTest : public testing::ServerTest {
+ protected:
+  void SetUp() override {
+    ServerTest::SetUp();
+    tenant_ = Tenant("alpha", kGiB);
+  }
+
+  /// Registers `id` with the quota fields given and returns a client with its key.
+  std::unique_ptr<Client> Tenant(const std::string& id, uint64_t memory, uint32_t streams = 4,
+                                 uint32_t max_queued = 0) {
+    v1::RegisterTenantRequest request = Registration(id, memory);
+    request.mutable_quota()->set_max_streams(streams);
+    request.mutable_quota()->set_max_queued_jobs(max_queued);
+    auto registered = admin_->RegisterTenant(request);
+    EXPECT_TRUE(registered.ok()) << registered.status();
+    keys_[id] = registered->api_key();
+    return ClientWith(registered->api_key());
+  }
+
+  std::string Put(const std::vector<float>& values, std::vector<int64_t> shape) {
+    auto info = tenant_->CreateTensor(Spec(v1::DTYPE_F32, std::move(shape)), Floats(values));
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? info->handle() : "";
+  }
+
+  static v1::LaunchRequest Launch(const std::string& kernel, std::vector<std::string> inputs,
+                                  bool wait = true) {
+    v1::LaunchRequest request;
+    request.set_kernel(kernel);
+    for (auto& h : inputs) request.add_inputs(h);
+    request.set_wait(wait);
+    return request;
+  }
+
+  /// A job that keeps stream `stream` busy for a while: a program of large matmuls.
+  v1::SubmitRequest SlowProgram(const std::string& a, int steps, uint32_t stream = 0) {
+    v1::SubmitRequest request;
+    request.set_stream(stream);
+    for (int i = 0; i < steps; ++i) {
+      v1::ProgramStep* step = request.add_steps();
+      step->set_kernel("matmul");
+      step->add_inputs()->set_handle(a);
+      step->add_inputs()->set_handle(a);
+    }
+    return request;
+  }
+
+  std::unique_ptr<Client> tenant_;
+  std::map<std::string, std::string> keys_;
+};
+
+TEST_F(ComputeTest, CreateLaunchAndRead) {
+  std::string a = Put({1, 2, 3, 4, 5, 6}, {2, 3});
+  std::string b = Put({10, 20, 30}, {3});
+  auto job = tenant_->Launch(Launch("add", {a, b}));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_EQ(job->outputs_size(), 1);
+  EXPECT_THAT(job->outputs(0).shape(), ::testing::ElementsAre(2, 3));
+  auto bytes = tenant_->Download(job->outputs(0).handle());
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(AsFloats(*bytes), (std::vector<float>{11, 22, 33, 14, 25, 36}));
+  // Write into an existing tensor, with attributes.
+  v1::LaunchRequest scale = Launch("scale", {a});
+  scale.add_outputs()->set_handle(job->outputs(0).handle());
+  (*scale.mutable_attrs())["alpha"].set_f(2);
+  (*scale.mutable_attrs())["beta"].set_i(1);
+  ASSERT_TRUE(tenant_->Launch(scale).ok());
+  EXPECT_EQ(AsFloats(*tenant_->Download(job->outputs(0).handle())),
+            (std::vector<float>{3, 5, 7, 9, 11, 13}));
+  auto info = tenant_->GetTensor(a);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->size_bytes(), 24u);
+  EXPECT_EQ(info->dtype(), v1::DTYPE_F32);
+}
+
+TEST_F(ComputeTest, UploadDownloadRoundTrips) {
+  std::mt19937 gen(5);
+  for (size_t size : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}, size_t{3 << 20} + 5}) {
+    SCOPED_TRACE(size);
+    std::string data(size, '\0');
+    for (char& c : data) c = static_cast<char>(gen());
+    auto info = tenant_->Upload(Spec(v1::DTYPE_U8, {static_cast<int64_t>(size)}), data, 1 << 16);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->size_bytes(), size);
+    auto back = tenant_->Download(info->handle(), 0, 0, 4096 * 3);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(*back == data);
+    if (size > 10) {  // a byte range
+      auto part = tenant_->Download(info->handle(), 3, 5);
+      ASSERT_TRUE(part.ok());
+      EXPECT_EQ(*part, data.substr(3, 5));
+    }
+  }
+  EXPECT_EQ(tenant_->Download("tn_nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ComputeTest, LargeStreamedTransfer) {
+  // 256 MiB up and down in 4 MiB chunks through the real server.
+  const size_t size = size_t{256} << 20;
+  std::string data(size, '\0');
+  for (size_t i = 0; i < size; i += 4096) data[i] = static_cast<char>(i / 4096);
+  data[size - 1] = 'z';
+  auto info = tenant_->Upload(Spec(v1::DTYPE_U8, {static_cast<int64_t>(size)}), data, 4 << 20);
+  ASSERT_TRUE(info.ok()) << info.status();
+  auto back = tenant_->Download(info->handle(), 0, 0, 4 << 20);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), size);
+  EXPECT_TRUE(*back == data);
+}
+
+TEST_F(ComputeTest, WritesMustCoverTheTensorExactly) {
+  auto created = tenant_->CreateTensor(Spec(v1::DTYPE_F32, {4}));
+  ASSERT_TRUE(created.ok());
+  absl::Status short_write = tenant_->Overwrite(created->handle(), std::string(15, 'x')).status();
+  EXPECT_EQ(short_write.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_write.message(), HasSubstr("needs exactly 16"));
+  EXPECT_EQ(tenant_->Overwrite(created->handle(), std::string(17, 'x')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(tenant_->Overwrite(created->handle(), Floats({1, 2, 3, 4})).ok());
+  EXPECT_EQ(AsFloats(*tenant_->Download(created->handle())), (std::vector<float>{1, 2, 3, 4}));
+  // An aborted upload of a new tensor leaves nothing behind.
+  auto before = tenant_->GetUsage();
+  EXPECT_FALSE(tenant_->Upload(Spec(v1::DTYPE_F32, {8}), std::string(5, 'x')).ok());
+  EXPECT_EQ(tenant_->GetUsage()->memory_used_bytes(), before->memory_used_bytes());
+  EXPECT_EQ(tenant_->CreateTensor(Spec(v1::DTYPE_F32, {2}), "abc").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tenant_->CreateTensor(Spec(v1::DTYPE_UNSPECIFIED, {2})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      tenant_->CreateTensor(Spec(v1::DTYPE_F32, {1, 1, 1, 1, 1, 1, 1, 1, 1})).status().message(),
+      HasSubstr("9 dimensions"));
+}
+
+TEST_F(ComputeTest, QuotaExhaustionAndRecovery) {
+  auto small = Tenant("small", 4 << 20);
+  auto a = small->CreateTensor(Spec(v1::DTYPE_U8, {3 << 20}));
+  ASSERT_TRUE(a.ok());
+  absl::Status refused = small->CreateTensor(Spec(v1::DTYPE_U8, {2 << 20})).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("3145728 bytes used + 2097152"));
+  EXPECT_THAT(refused.message(), HasSubstr("4194304"));
+  // A launch whose new output would not fit is refused before anything runs.
+  v1::LaunchRequest copy = Launch("copy", {a->handle()});
+  EXPECT_EQ(small->Launch(copy).status().code(), absl::StatusCode::kResourceExhausted);
+  auto released = small->DeleteTensor(a->handle());
+  ASSERT_TRUE(released.ok());
+  EXPECT_EQ(*released, 3u << 20);
+  EXPECT_TRUE(small->CreateTensor(Spec(v1::DTYPE_U8, {2 << 20})).ok());
+  auto usage = small->GetUsage();
+  EXPECT_EQ(usage->memory_used_bytes(), 2u << 20);
+  EXPECT_EQ(usage->memory_peak_bytes(), 3u << 20);
+  EXPECT_EQ(usage->memory_quota_bytes(), 4u << 20);
+}
+
+TEST_F(ComputeTest, TenantsCannotSeeEachOthersHandles) {
+  auto other = Tenant("beta", kGiB);
+  std::string mine = Put({1, 2}, {2});
+  EXPECT_EQ(other->GetTensor(mine).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(other->Download(mine).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(other->DeleteTensor(mine).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(other->Launch(Launch("neg", {mine})).status().code(), absl::StatusCode::kNotFound);
+  auto job = tenant_->Launch(Launch("neg", {mine}));
+  EXPECT_EQ(other->WaitJob(job->job_id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(other->ListAllTensors()->empty());
+  EXPECT_TRUE(tenant_->GetTensor(mine).ok());
+}
+
+TEST_F(ComputeTest, ProgramsChainStepsAndReportTheFailingStep) {
+  std::string x = Put({1, -2, 3, -4}, {2, 2});
+  v1::SubmitRequest program;
+  program.set_wait(true);
+  auto* relu = program.add_steps();
+  relu->set_kernel("relu");
+  relu->add_inputs()->set_handle(x);
+  auto* sum = program.add_steps();
+  sum->set_kernel("sum");
+  sum->add_inputs()->mutable_step_output()->set_step(0);
+  auto job = tenant_->Submit(program);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_EQ(job->outputs_size(), 2);
+  EXPECT_EQ(AsFloats(*tenant_->Download(job->outputs(1).handle())), (std::vector<float>{4}));
+
+  // A bad middle step: the whole program is refused, naming the step; nothing was created.
+  size_t tensors_before = tenant_->ListAllTensors()->size();
+  auto* bad = program.add_steps();
+  bad->set_kernel("matmul");
+  bad->add_inputs()->mutable_step_output()->set_step(1);
+  bad->add_inputs()->set_handle(x);
+  auto* after = program.add_steps();
+  after->set_kernel("neg");
+  after->add_inputs()->set_handle(x);
+  absl::Status refused = tenant_->Submit(program).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("steps[2] (matmul)"));
+  EXPECT_EQ(tenant_->ListAllTensors()->size(), tensors_before);
+  EXPECT_EQ(AsFloats(*tenant_->Download(x)), (std::vector<float>{1, -2, 3, -4}));
+  // A forward reference is refused too.
+  v1::SubmitRequest forward;
+  auto* s0 = forward.add_steps();
+  s0->set_kernel("neg");
+  s0->add_inputs()->mutable_step_output()->set_step(0);
+  EXPECT_THAT(tenant_->Submit(forward).status().message(), HasSubstr("not an earlier step"));
+}
+
+TEST_F(ComputeTest, StreamIndexAndKernelErrorsAreInvalidArgument) {
+  std::string x = Put({1}, {1});
+  v1::LaunchRequest request = Launch("neg", {x});
+  request.set_stream(4);
+  absl::Status s = tenant_->Launch(request).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("stream is 4; the tenant has 4 streams"));
+  EXPECT_THAT(tenant_->Launch(Launch("conv9d", {x})).status().message(), HasSubstr("unknown"));
+  EXPECT_THAT(tenant_->Launch(Launch("add", {x})).status().message(), HasSubstr("takes 2 inputs"));
+  v1::LaunchRequest bad_attr = Launch("sum", {x});
+  (*bad_attr.mutable_attrs())["axes"].set_s("zero");
+  EXPECT_THAT(tenant_->Launch(bad_attr).status().message(), HasSubstr("must be ints"));
+}
+
+TEST_F(ComputeTest, QueueBoundCancelAndWaitTimeout) {
+  auto busy = Tenant("busy", kGiB, 1, 2);
+  auto big = busy->CreateTensor(Spec(v1::DTYPE_F32, {700, 700}));
+  ASSERT_TRUE(big.ok());
+  auto running = busy->Submit(SlowProgram(big->handle(), 40));  // runs for a while
+  ASSERT_TRUE(running.ok()) << running.status();
+  for (int i = 0; i < 500 && busy->GetUsage()->jobs_running() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  auto q1 = busy->Launch(Launch("neg", {big->handle()}, false));
+  auto q2 = busy->Launch(Launch("neg", {big->handle()}, false));
+  ASSERT_TRUE(q1.ok() && q2.ok());
+  // Either the program is still queued or running: at most two jobs may wait.
+  absl::Status refused = busy->Launch(Launch("neg", {big->handle()}, false)).status();
+  if (refused.ok()) GTEST_SKIP() << "the program finished before the queue filled";
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("quota.max_queued_jobs is 2"));
+
+  auto cancelled = busy->CancelJob(q2->job_id());
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+  // A tensor in use by a queued job cannot be deleted.
+  EXPECT_EQ(busy->DeleteTensor(big->handle()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // WaitJob with a short timeout returns the job unfinished.
+  auto waited = busy->WaitJob(q1->job_id(), absl::Milliseconds(50));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_THAT(waited->state(), ::testing::AnyOf(v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING));
+  // Synchronize waits for everything; then q1 has succeeded and q2 stays cancelled.
+  auto synced = busy->Synchronize();
+  ASSERT_TRUE(synced.ok()) << synced.status();
+  EXPECT_EQ(busy->WaitJob(q1->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(busy->WaitJob(q2->job_id())->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(busy->WaitJob(running->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
+  auto usage = busy->GetUsage();
+  EXPECT_EQ(usage->jobs_cancelled(), 1u);
+  EXPECT_EQ(usage->jobs_succeeded(), 2u);
+  EXPECT_GT(usage->busy_time().seconds() * 1000000000 + usage->busy_time().nanos(), 0);
+  EXPECT_TRUE(busy->DeleteTensor(big->handle()).ok());
+}
+
+TEST_F(ComputeTest, DeadlinesAreHonoured) {
+  auto big = tenant_->CreateTensor(Spec(v1::DTYPE_F32, {700, 700}));
+  ASSERT_TRUE(big.ok());
+  v1::SubmitRequest slow = SlowProgram(big->handle(), 60);
+  slow.set_wait(true);
+  auto hurried = Client::Connect(
+      {.address = server_->address(), .token = keys_["alpha"], .timeout = absl::Milliseconds(200)});
+  ASSERT_TRUE(hurried.ok());
+  absl::Time start = absl::Now();
+  absl::Status s = (*hurried)->Submit(slow).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // The job was accepted and runs to completion regardless.
+  ASSERT_TRUE(tenant_->Synchronize().ok());
+  EXPECT_EQ(tenant_->GetUsage()->jobs_succeeded(), 1u);
+}
+
+TEST_F(ComputeTest, KernelsAndUsage) {
+  auto catalog = tenant_->ListKernels();
+  ASSERT_TRUE(catalog.ok());
+  EXPECT_GE(catalog->kernels_size(), 32);
+  bool found = false;
+  for (const auto& k : catalog->kernels()) {
+    if (k.name() != "matmul") continue;
+    found = true;
+    EXPECT_EQ(k.inputs_size(), 2);
+    EXPECT_GE(k.attrs_size(), 4);
+  }
+  EXPECT_TRUE(found);
+  auto usage = tenant_->GetUsage();
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->memory_quota_bytes(), kGiB);
+}
+
+TEST_F(ComputeTest, DeregisterCancelsQueuedWorkAndRevokesTheKey) {
+  auto doomed = Tenant("doomed", kGiB, 1, 0);
+  auto big = doomed->CreateTensor(Spec(v1::DTYPE_F32, {700, 700}));
+  ASSERT_TRUE(big.ok());
+  ASSERT_TRUE(doomed->Submit(SlowProgram(big->handle(), 20)).ok());
+  auto queued = doomed->Launch(Launch("neg", {big->handle()}, false));
+  ASSERT_TRUE(queued.ok());
+  ASSERT_TRUE(admin_->DeregisterTenant("doomed").ok());
+  EXPECT_EQ(doomed->GetUsage().status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(admin_->GetServerInfo()->devices(0).reserved_bytes(), kGiB);  // alpha only
+}
+
+}  // namespace
+}  // namespace tessera
