@@ -97,9 +97,9 @@ decltype(auto) Dispatch(DType dtype, F&& f) {
   return f.template operator()<DType::kBool>();
 }
 
-/// Grain for element-wise work: large enough to amortize scheduling, small enough to
-/// spread 64 KiB tensors over a few workers.
-inline constexpr int64_t kElementGrain = 1 << 14;
+/// Grain for element-wise work (elements): large enough to amortize scheduling (a 64 MiB f32
+/// add is 128 chunks), small enough to spread 1 MiB tensors over the workers.
+inline constexpr int64_t kElementGrain = 1 << 17;
 
 }  // namespace tessera::kernels::cpu
 

@@ -229,9 +229,11 @@ C Apply(C a, C b) {
 }
 
 // A contiguous run of outputs; each input either advances (stride 1) or repeats (0).
+// Outputs never overlap inputs (the backend stages aliased launches), hence __restrict.
 template <DType D, BinaryOp Op, int SA, int SB>
-void BinaryRun(const typename Elem<D>::Storage* a, const typename Elem<D>::Storage* b,
-               typename Elem<D>::Storage* y, int64_t n) {
+void BinaryRun(const typename Elem<D>::Storage* __restrict a,
+               const typename Elem<D>::Storage* __restrict b,
+               typename Elem<D>::Storage* __restrict y, int64_t n) {
   using E = Elem<D>;
   for (int64_t j = 0; j < n; ++j) {
     y[j] = E::Store(Apply<Op>(E::Load(a[j * SA]), E::Load(b[j * SB])));

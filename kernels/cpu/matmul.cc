@@ -93,10 +93,11 @@ void MatmulTyped(const MatmulGeometry& g, const T* a, const T* b, T* y, double a
     for (int64_t i = 0; i < total; ++i) y[i] = beta == T(0) ? T(0) : beta * y[i];
     return;
   }
-  // Enough row blocks to keep every worker busy, each big enough for BLAS to be efficient.
-  const int64_t work = std::max<int64_t>(1, parallel.Concurrency() * 4);
+  // One row block per worker (fewer when batches already fill them), each at least 64 rows:
+  // BLAS is most efficient on large blocks.
+  const int64_t workers = std::max<int64_t>(1, parallel.Concurrency());
   const int64_t blocks_per_matrix =
-      std::clamp<int64_t>((work + batches - 1) / batches, 1, std::max<int64_t>(1, g.m / 32));
+      std::clamp<int64_t>((workers + batches - 1) / batches, 1, std::max<int64_t>(1, g.m / 64));
   const int64_t block_rows = (g.m + blocks_per_matrix - 1) / blocks_per_matrix;
   parallel.For(batches * blocks_per_matrix, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {

@@ -1,7 +1,11 @@
 // Smoke test of the `tessera` CLI against a real server.
+#include <cstring>
+
+#include "absl/strings/ascii.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+#include "tessera/npy.h"
 #include "tests/testing/server_fixture.h"
 
 namespace tessera {
@@ -79,6 +83,49 @@ TEST_F(CliTest, ErrorsAndExitCodes) {
   EXPECT_EQ(Cli({"frobnicate"}).exit_code, 2);
   EXPECT_EQ(Cli({"tenant", "register", "x", "--memory=lots"}).exit_code, 1);  // flag parse error
   EXPECT_EQ(Cli({"tenant", "update", "x"}).exit_code, 2);
+}
+
+TEST_F(CliTest, TensorsKernelsAndUsage) {
+  auto registered = admin_->RegisterTenant(Registration("alpha", testing::kGiB));
+  ASSERT_TRUE(registered.ok());
+  const std::string key = registered->api_key();
+  auto run = Cli({"run", "fill", "--attr=shape=[2,3];value=2.5", "--output=json"}, key);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("JOB_STATE_SUCCEEDED"));
+  size_t at = run.output.find("\"handle\": \"");
+  ASSERT_NE(at, std::string::npos);
+  std::string handle = run.output.substr(at + 11, run.output.find('"', at + 11) - at - 11);
+
+  testing::TempDir files;
+  auto got = Cli({"tensor", "get", handle, "-o", files.File("x.npy")}, key);
+  ASSERT_EQ(got.exit_code, 0) << got.output;
+  auto array = ReadNpyFile(files.File("x.npy"));
+  ASSERT_TRUE(array.ok()) << array.status();
+  EXPECT_EQ(array->dtype, v1::DTYPE_F32);
+  EXPECT_EQ(array->shape, (std::vector<int64_t>{2, 3}));
+  float first;
+  std::memcpy(&first, array->data.data(), 4);
+  EXPECT_EQ(first, 2.5f);
+
+  auto put = Cli({"tensor", "put", files.File("x.npy")}, key);
+  ASSERT_EQ(put.exit_code, 0) << put.output;
+  std::string uploaded(absl::StripAsciiWhitespace(put.output));
+  auto summed = Cli({"run", "add", "--in=" + handle + "," + uploaded}, key);
+  ASSERT_EQ(summed.exit_code, 0) << summed.output;
+  EXPECT_THAT(summed.output, HasSubstr("SUCCEEDED"));
+
+  auto ls = Cli({"tensor", "ls"}, key);
+  EXPECT_THAT(ls.output, HasSubstr(handle));
+  EXPECT_THAT(ls.output, HasSubstr("[2, 3]"));
+  EXPECT_THAT(Cli({"kernels"}, key).output, HasSubstr("matmul"));
+  auto usage = Cli({"usage"}, key);
+  EXPECT_THAT(usage.output, HasSubstr("tensors: 3"));
+  EXPECT_THAT(usage.output, HasSubstr("2 succeeded"));
+  auto rm = Cli({"tensor", "rm", uploaded}, key);
+  EXPECT_EQ(rm.exit_code, 0) << rm.output;
+  auto bad = Cli({"run", "matmul", "--in=" + handle + "," + handle}, key);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.output, HasSubstr("inner dimensions differ"));
 }
 
 }  // namespace
