@@ -178,7 +178,7 @@ int Main(bool quick) {
     bench::EchoMessage message;
     message.set_data(std::string(4096, 'x'));
     const int calls = quick ? 500 : 3000;
-    std::vector<double> echo_t, add_t;
+    std::vector<double> echo_t, add_t, usage_t;
     auto a = tenant->CreateTensor(Spec({1024}), RandomFloats(1024));
     auto c = tenant->CreateTensor(Spec({1024}));
     v1::LaunchRequest launch;
@@ -202,6 +202,9 @@ int Main(bool quick) {
       start = Clock::now();
       (void)tenant->Launch(launch);
       add_t.push_back(Seconds(Clock::now() - start));
+      start = Clock::now();
+      (void)tenant->GetUsage();
+      usage_t.push_back(Seconds(Clock::now() - start));
     }
     double add50 = Percentile(add_t, 0.5), echo50 = Percentile(echo_t, 0.5);
     double add99 = Percentile(add_t, 0.99), echo99 = Percentile(echo_t, 0.99);
@@ -211,6 +214,8 @@ int Main(bool quick) {
     std::printf(
         "| 4 KiB add p99 (Launch, wait) | %.0f us | echo of 4 KiB %.0f us | %.2fx | <= 1.5x |\n",
         add99 * 1e6, echo99 * 1e6, add99 / echo99);
+    std::printf("| GetUsage p50 (authenticated, no job) | %.0f us | echo of 4 KiB %.0f us | %.2fx | (diagnostic) |\n",
+                Percentile(usage_t, 0.5) * 1e6, echo50 * 1e6, Percentile(usage_t, 0.5) / echo50);
     echo_server->Shutdown();
   }
   (void)(*server)->Stop(SIGTERM);
