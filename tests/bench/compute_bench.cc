@@ -214,8 +214,10 @@ int Main(bool quick) {
     std::printf(
         "| 4 KiB add p99 (Launch, wait) | %.0f us | echo of 4 KiB %.0f us | %.2fx | <= 1.5x |\n",
         add99 * 1e6, echo99 * 1e6, add99 / echo99);
-    std::printf("| GetUsage p50 (authenticated, no job) | %.0f us | echo of 4 KiB %.0f us | %.2fx | (diagnostic) |\n",
-                Percentile(usage_t, 0.5) * 1e6, echo50 * 1e6, Percentile(usage_t, 0.5) / echo50);
+    std::printf(
+        "| GetUsage p50 (authenticated, no job) | %.0f us | echo of 4 KiB %.0f us | %.2fx | "
+        "(diagnostic) |\n",
+        Percentile(usage_t, 0.5) * 1e6, echo50 * 1e6, Percentile(usage_t, 0.5) / echo50);
     echo_server->Shutdown();
   }
   (void)(*server)->Stop(SIGTERM);

@@ -66,7 +66,7 @@ absl::Status RunStep(const Step& step, kernels::Parallel& parallel) {
 
 class CpuContext final : public TenantContext {
  public:
-  CpuContext(ContextInfo info, std::unique_ptr<CpuTenantQueue> queue)
+  CpuContext(ContextInfo info, CpuScheduler::QueuePtr queue)
       : info_(std::move(info)), queue_(std::move(queue)) {}
 
   const ContextInfo& info() const override { return info_; }
@@ -117,7 +117,7 @@ class CpuContext final : public TenantContext {
 
  private:
   const ContextInfo info_;
-  std::unique_ptr<CpuTenantQueue> queue_;
+  CpuScheduler::QueuePtr queue_;
 };
 
 }  // namespace

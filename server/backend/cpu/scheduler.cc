@@ -7,6 +7,9 @@
 namespace tessera {
 namespace {
 
+// The queue whose task or chunk this worker thread is running (nullptr elsewhere).
+thread_local CpuTenantQueue* running_queue = nullptr;
+
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -72,7 +75,9 @@ CpuTenantQueue::CpuTenantQueue(CpuScheduler* scheduler, uint32_t weight, int str
       streams_(static_cast<size_t>(streams)),
       stream_busy_(static_cast<size_t>(streams), false) {}
 
-CpuTenantQueue::~CpuTenantQueue() { scheduler_->Remove(this); }
+void CpuScheduler::QueueDeleter::operator()(CpuTenantQueue* queue) const {
+  queue->scheduler_->Retire(queue);
+}
 
 void CpuTenantQueue::Submit(int stream, Task task) {
   {
@@ -112,8 +117,8 @@ CpuScheduler::CpuScheduler(int threads) {
 
 CpuScheduler::~CpuScheduler() { Stop(); }
 
-std::unique_ptr<CpuTenantQueue> CpuScheduler::AddTenant(uint32_t weight, int streams) {
-  auto queue = std::unique_ptr<CpuTenantQueue>(new CpuTenantQueue(this, weight, streams));
+CpuScheduler::QueuePtr CpuScheduler::AddTenant(uint32_t weight, int streams) {
+  QueuePtr queue(new CpuTenantQueue(this, weight, streams));
   absl::MutexLock lock(&mu_);
   tenants_.push_back(queue.get());
   return queue;
@@ -159,13 +164,17 @@ void CpuScheduler::RunChunkLocked(CpuTenantQueue* q) {
   ++region->outstanding;
   ++q->running_;
   mu_.Unlock();
+  CpuTenantQueue* outer = running_queue;
+  running_queue = q;
   int64_t start = NowNs();
   region->body(begin, std::min(region->n, begin + region->grain));
   int64_t elapsed = NowNs() - start;
+  running_queue = outer;
   mu_.Lock();
   ChargeLocked(q, elapsed);
   --q->running_;
   --region->outstanding;  // may release the region's owner; `region` is dead after this
+  ReapLocked(q);
 }
 
 void CpuScheduler::WorkerLoop() {
@@ -203,21 +212,26 @@ void CpuScheduler::WorkerLoop() {
     bool cancelled = stopping_ || q->removed_;
     mu_.Unlock();
     RegionParallel parallel(this, q);
+    running_queue = q;
     int64_t start = NowNs();
-    std::move(task)(parallel, cancelled);
+    std::move(task)(parallel, cancelled);  // destroys the task (and what it holds) too
     int64_t elapsed = NowNs() - start - parallel.wait_ns();
+    running_queue = nullptr;
     mu_.Lock();
     ChargeLocked(q, elapsed);
     q->stream_busy_[stream] = false;
     --q->running_;
+    ReapLocked(q);
   }
 }
 
-void CpuScheduler::Remove(CpuTenantQueue* q) {
+void CpuScheduler::Retire(CpuTenantQueue* q) {
   std::vector<CpuTenantQueue::Task> cancelled;
+  const bool from_own_task = running_queue == q;
   {
     absl::MutexLock lock(&mu_);
     q->removed_ = true;
+    q->orphaned_ = from_own_task;
     for (auto& stream : q->streams_) {
       for (auto& task : stream) cancelled.push_back(std::move(task));
       stream.clear();
@@ -226,10 +240,22 @@ void CpuScheduler::Remove(CpuTenantQueue* q) {
   }
   kernels::SerialParallel serial;
   for (auto& task : cancelled) std::move(task)(serial, /*cancelled=*/true);
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](CpuTenantQueue* t) { return t->running_ == 0; }, q));
+  // Released from inside one of its own tasks: that task is still running on this thread,
+  // so the worker deletes the queue when it returns (ReapLocked).
+  if (from_own_task) return;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](CpuTenantQueue* t) { return t->running_ == 0; }, q));
+    tenants_.remove(q);
+  }
+  delete q;
+}
+
+void CpuScheduler::ReapLocked(CpuTenantQueue* q) {
+  if (!q->orphaned_ || q->running_ != 0) return;
   tenants_.remove(q);
+  delete q;
 }
 
 }  // namespace tessera

@@ -23,16 +23,15 @@ class CpuScheduler;
 /// One tenant's view of the CPU scheduler: `streams` ordered queues. Work on one stream runs
 /// in submission order, one item at a time; streams and tenants run concurrently.
 ///
-/// Thread-safe. Destroying it waits for its running work and cancels what is queued; it
-/// must be destroyed before the scheduler.
+/// Thread-safe. Releasing it (the QueuePtr) cancels what is queued and waits for its
+/// running work — or, when released from inside one of its own tasks, lets that task finish
+/// and is deleted by the worker afterwards. Release it before the scheduler is destroyed.
 class CpuTenantQueue {
  public:
   /// Runs on a worker with a Parallel that spreads chunks over the pool (charged to this
   /// tenant). `cancelled` is true when the work was cancelled or the scheduler stopped
   /// before it started; the task must then only clean up.
   using Task = absl::AnyInvocable<void(kernels::Parallel& parallel, bool cancelled) &&>;
-
-  ~CpuTenantQueue();
 
   /// Appends `task` to `stream` (0 <= stream < streams, checked by the caller).
   void Submit(int stream, Task task);
@@ -57,6 +56,7 @@ class CpuTenantQueue {
   int running_ = 0;             // tasks and chunks running now
   int64_t busy_ns_ = 0;
   bool removed_ = false;
+  bool orphaned_ = false;  // released from its own task: the worker deletes it
 };
 
 /// A fixed pool of worker threads shared by tenants through weighted fair queueing: the
@@ -72,8 +72,13 @@ class CpuScheduler {
   /// Stops (see Stop) and joins the workers.
   ~CpuScheduler();
 
+  struct QueueDeleter {
+    void operator()(CpuTenantQueue* queue) const;
+  };
+  using QueuePtr = std::unique_ptr<CpuTenantQueue, QueueDeleter>;
+
   /// A queue for a tenant with `weight` (its compute share, 1..100) and `streams` streams.
-  std::unique_ptr<CpuTenantQueue> AddTenant(uint32_t weight, int streams);
+  QueuePtr AddTenant(uint32_t weight, int streams);
 
   /// Lets running work finish, cancels queued work (tasks run with cancelled=true) and joins
   /// the workers. Idempotent.
@@ -92,7 +97,10 @@ class CpuScheduler {
   void ChargeLocked(CpuTenantQueue* q, int64_t ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Runs one chunk of `q`'s first region with chunks left (mu_ held on entry and exit).
   void RunChunkLocked(CpuTenantQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Remove(CpuTenantQueue* q);
+  /// Cancels `q`'s queued work and deletes it once nothing of it runs (see QueuePtr).
+  void Retire(CpuTenantQueue* q);
+  /// Deletes `q` if it was orphaned and nothing of it runs any more.
+  void ReapLocked(CpuTenantQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   std::list<CpuTenantQueue*> tenants_ ABSL_GUARDED_BY(mu_);

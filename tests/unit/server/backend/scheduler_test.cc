@@ -108,6 +108,35 @@ TEST(CpuSchedulerTest, DestroyingAQueueCancelsWhatIsQueued) {
   EXPECT_EQ(cancelled.load(), 5);
 }
 
+TEST(CpuSchedulerTest, AQueueReleasedFromItsOwnTaskIsReapedAfterwards) {
+  // The last owner of a tenant's context can be a job's completion running on a worker:
+  // releasing the queue there must neither deadlock nor free it under the running task.
+  CpuScheduler scheduler(2);
+  auto holder = std::make_shared<CpuScheduler::QueuePtr>(scheduler.AddTenant(100, 1));
+  std::atomic<int> cancelled{0};
+  absl::Notification released;
+  CpuTenantQueue* queue = holder->get();
+  queue->Submit(0, [holder](kernels::Parallel& parallel, bool) mutable {
+    parallel.For(1000, 10, [](int64_t, int64_t) {});
+    holder->reset();  // this task is still running
+  });
+  queue->Submit(0, [&](kernels::Parallel&, bool c) {
+    cancelled += c;
+    released.Notify();
+  });
+  holder.reset();
+  ASSERT_TRUE(released.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(cancelled.load(), 1);
+  // The scheduler keeps working for others.
+  auto other = scheduler.AddTenant(100, 1);
+  absl::Notification ran;
+  other->Submit(0, [&](kernels::Parallel&, bool c) {
+    EXPECT_FALSE(c);
+    ran.Notify();
+  });
+  EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(20)));
+}
+
 TEST(CpuSchedulerTest, StopCancelsQueuedWorkAndLaterSubmissions) {
   CpuScheduler scheduler(1);
   auto queue = scheduler.AddTenant(100, 1);
