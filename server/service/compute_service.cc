@@ -68,6 +68,31 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
   std::unique_ptr<grpc::Alarm> alarm_;
 };
 
+// Authenticates a waiting call; on failure finishes it and returns nullptr.
+std::shared_ptr<TenantRuntime> Authenticate(const Authenticator& auth, WaitReactor* reactor,
+                                            grpc::CallbackServerContext* context) {
+  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime = auth.AuthenticateTenant(*context);
+  if (!runtime.ok()) {
+    reactor->CompleteIfUnclaimed(runtime.status());
+    return nullptr;
+  }
+  reactor->log().set_tenant((*runtime)->tenant_id());
+  return *std::move(runtime);
+}
+
+// A job callback that answers `reactor` with the finished job, unless something else
+// answered first; it holds a reference on the reactor until it runs.
+TenantRuntime::JobCallback AnswerWithJob(WaitReactor* reactor, v1::Job* response) {
+  reactor->Hold();
+  return [reactor, response](const JobInfo& done) {
+    if (reactor->Claim()) {
+      JobToProto(done, response);
+      reactor->Complete(absl::OkStatus());
+    }
+    reactor->Release();
+  };
+}
+
 std::string EncodeTensorPage(absl::string_view handle) {
   return absl::WebSafeBase64Escape(absl::StrCat(kTensorPagePrefix, handle));
 }
@@ -353,18 +378,13 @@ grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* c
                                                   bool wait, v1::Job* response,
                                                   absl::Status parse_error) {
   auto* reactor = new WaitReactor(context, rpc);
-  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime =
-      authenticator_->AuthenticateTenant(*context);
-  if (!runtime.ok()) {
-    reactor->CompleteIfUnclaimed(runtime.status());
-    return reactor;
-  }
-  reactor->log().set_tenant((*runtime)->tenant_id());
+  std::shared_ptr<TenantRuntime> runtime = Authenticate(*authenticator_, reactor, context);
+  if (runtime == nullptr) return reactor;
   if (!parse_error.ok()) {
     reactor->CompleteIfUnclaimed(parse_error);
     return reactor;
   }
-  absl::StatusOr<JobInfo> job = (*runtime)->Submit(stream, std::move(steps), program);
+  absl::StatusOr<JobInfo> job = runtime->Submit(stream, std::move(steps), program);
   if (!job.ok()) {
     reactor->CompleteIfUnclaimed(job.status());
     return reactor;
@@ -376,16 +396,8 @@ grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* c
     }
     return reactor;
   }
-  reactor->Hold();
-  absl::Status registered =
-      (*runtime)->WhenJobDone(job->id, [reactor, response](const JobInfo& done) {
-        if (reactor->Claim()) {
-          JobToProto(done, response);
-          reactor->Complete(absl::OkStatus());
-        }
-        reactor->Release();
-      });
-  if (!registered.ok()) {  // already forgotten: answer with what was accepted
+  if (!runtime->WhenJobDone(job->id, AnswerWithJob(reactor, response)).ok()) {
+    // Already forgotten (the callback was dropped unrun): answer with what was accepted.
     if (reactor->Claim()) {
       JobToProto(*job, response);
       reactor->Complete(absl::OkStatus());
@@ -429,27 +441,15 @@ grpc::ServerUnaryReactor* ComputeService::WaitJob(grpc::CallbackServerContext* c
                                                   const v1::WaitJobRequest* request,
                                                   v1::Job* response) {
   auto* reactor = new WaitReactor(context, "WaitJob");
-  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime =
-      authenticator_->AuthenticateTenant(*context);
-  if (!runtime.ok()) {
-    reactor->CompleteIfUnclaimed(runtime.status());
-    return reactor;
-  }
-  reactor->log().set_tenant((*runtime)->tenant_id());
+  std::shared_ptr<TenantRuntime> runtime = Authenticate(*authenticator_, reactor, context);
+  if (runtime == nullptr) return reactor;
   if (request->timeout().seconds() < 0 || request->timeout().nanos() < 0) {
     reactor->CompleteIfUnclaimed(absl::InvalidArgumentError("timeout must be >= 0"));
     return reactor;
   }
   std::string id = request->job_id();
-  reactor->Hold();
-  absl::Status registered = (*runtime)->WhenJobDone(id, [reactor, response](const JobInfo& done) {
-    if (reactor->Claim()) {
-      JobToProto(done, response);
-      reactor->Complete(absl::OkStatus());
-    }
-    reactor->Release();
-  });
-  if (!registered.ok()) {
+  absl::Status registered = runtime->WhenJobDone(id, AnswerWithJob(reactor, response));
+  if (!registered.ok()) {  // unknown job: the callback was dropped unrun
     reactor->CompleteIfUnclaimed(registered);
     reactor->Release();
     return reactor;
@@ -457,7 +457,7 @@ grpc::ServerUnaryReactor* ComputeService::WaitJob(grpc::CallbackServerContext* c
   if (request->has_timeout()) {
     absl::Duration timeout =
         absl::Seconds(request->timeout().seconds()) + absl::Nanoseconds(request->timeout().nanos());
-    std::shared_ptr<TenantRuntime> held = *runtime;
+    std::shared_ptr<TenantRuntime> held = runtime;
     reactor->SetTimer(absl::Now() + timeout, [reactor, response, held, id] {
       if (!reactor->Claim()) return;
       absl::StatusOr<JobInfo> now = held->GetJob(id);
@@ -482,17 +482,12 @@ grpc::ServerUnaryReactor* ComputeService::Synchronize(grpc::CallbackServerContex
                                                       const v1::SynchronizeRequest* request,
                                                       v1::SynchronizeResponse* response) {
   auto* reactor = new WaitReactor(context, "Synchronize");
-  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime =
-      authenticator_->AuthenticateTenant(*context);
-  if (!runtime.ok()) {
-    reactor->CompleteIfUnclaimed(runtime.status());
-    return reactor;
-  }
-  reactor->log().set_tenant((*runtime)->tenant_id());
+  std::shared_ptr<TenantRuntime> runtime = Authenticate(*authenticator_, reactor, context);
+  if (runtime == nullptr) return reactor;
   std::optional<int64_t> stream;
   if (request->has_stream()) stream = request->stream();
   reactor->Hold();
-  absl::Status status = (*runtime)->WhenIdle(stream, [reactor, response](uint64_t n) {
+  absl::Status status = runtime->WhenIdle(stream, [reactor, response](uint64_t n) {
     if (reactor->Claim()) {
       response->set_jobs_completed(n);
       reactor->Complete(absl::OkStatus());
