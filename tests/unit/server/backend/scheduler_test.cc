@@ -114,9 +114,10 @@ TEST(CpuSchedulerTest, AQueueReleasedFromItsOwnTaskIsReapedAfterwards) {
   CpuScheduler scheduler(2);
   auto holder = std::make_shared<CpuScheduler::QueuePtr>(scheduler.AddTenant(100, 1));
   std::atomic<int> cancelled{0};
-  absl::Notification released;
+  absl::Notification released, both_submitted;
   CpuTenantQueue* queue = holder->get();
-  queue->Submit(0, [holder](kernels::Parallel& parallel, bool) mutable {
+  queue->Submit(0, [holder, &both_submitted](kernels::Parallel& parallel, bool) mutable {
+    both_submitted.WaitForNotification();  // `queue` is used below until then
     parallel.For(1000, 10, [](int64_t, int64_t) {});
     holder->reset();  // this task is still running
   });
@@ -125,6 +126,7 @@ TEST(CpuSchedulerTest, AQueueReleasedFromItsOwnTaskIsReapedAfterwards) {
     released.Notify();
   });
   holder.reset();
+  both_submitted.Notify();
   ASSERT_TRUE(released.WaitForNotificationWithTimeout(absl::Seconds(20)));
   EXPECT_EQ(cancelled.load(), 1);
   // The scheduler keeps working for others.
