@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <thread>
 #include <vector>
 
@@ -170,6 +171,8 @@ TEST(CpuSchedulerTest, WeightsShareTheCpuUnderContention) {
   stop = true;
   ASSERT_GT(l, 0.05);
   double ratio = h / l;
+  std::printf("busy time: heavy (share 50) %.3f s, light (share 25) %.3f s, ratio %.2f\n", h, l,
+              ratio);
   EXPECT_GT(ratio, 2.0 * 0.85) << "heavy " << h << " s, light " << l << " s";
   EXPECT_LT(ratio, 2.0 * 1.15) << "heavy " << h << " s, light " << l << " s";
 }
