@@ -349,8 +349,10 @@ absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<Launch
                        new_bytes, " for new outputs > quota.device_memory_bytes ",
                        quota_.device_memory_bytes, "; delete tensors to free memory"));
     }
-    // Everything is valid: create the outputs, take the tensors, record the job.
-    ASSIGN_OR_RETURN(std::string job_id, NewId("job_"));
+    // Everything is valid: create the outputs, take the tensors, record the job. Job ids
+    // are looked up only in this tenant's table, so a counter serves (tensor handles, which
+    // are shared with clients as capabilities, stay random).
+    std::string job_id = absl::StrCat("job_", ++job_counter_);
     job = std::make_shared<Job>();
     job->info.id = job_id;
     job->info.stream = static_cast<int>(stream);
@@ -358,7 +360,6 @@ absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<Launch
     std::vector<std::string> created;
     for (size_t i = 0; i < steps.size(); ++i) {
       Step step;
-      step.plan = plans[i];
       for (size_t k = 0; k < resolved[i].inputs.size(); ++k) {
         Tensor* t = resolved[i].inputs[k];
         if (t == nullptr) {
@@ -391,6 +392,7 @@ absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<Launch
         job->writes.push_back(t->info.handle);
         job->info.outputs.push_back(t->info);
       }
+      step.plan = std::move(plans[i]);
       exec.push_back(std::move(step));
     }
     jobs_.emplace(job_id, job);

@@ -218,6 +218,7 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   std::map<std::string, Tensor, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Job>, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> finished_order_ ABSL_GUARDED_BY(mu_);
+  uint64_t job_counter_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t peak_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
