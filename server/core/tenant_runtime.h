@@ -81,8 +81,8 @@ inline constexpr size_t kFinishedJobsKept = 4096;
 
 /// A tenant's data plane: its tensors (bytes counted exactly against the memory quota), its
 /// jobs on its streams, and its execution context. Tensor handles are unguessable; handles
-/// and job ids are scoped to this tenant. Every launch is validated completely (kernel registry, handles,
-/// quota, queue depth) before anything is enqueued.
+/// and job ids are scoped to this tenant. Every launch is validated completely (kernel registry,
+/// handles, quota, queue depth) before anything is enqueued.
 ///
 /// Thread-safe. Shared by the tenant table and in-flight calls; Close() (deregistration,
 /// shutdown) makes every later call fail and releases the context.
