@@ -1,7 +1,10 @@
 // Smoke test of the `tessera` CLI against a real server.
 #include <cstring>
 
+#include <unistd.h>
+
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -126,6 +129,29 @@ TEST_F(CliTest, TensorsKernelsAndUsage) {
   auto bad = Cli({"run", "matmul", "--in=" + handle + "," + handle}, key);
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_THAT(bad.output, HasSubstr("inner dimensions differ"));
+}
+
+TEST_F(CliTest, ProgressBarOnTerminalsOnly) {
+  if (access("/usr/bin/script", X_OK) != 0) GTEST_SKIP() << "util-linux script(1) is missing";
+  auto registered = admin_->RegisterTenant(Registration("alpha", testing::kGiB));
+  ASSERT_TRUE(registered.ok());
+  testing::TempDir files;
+  NpyArray array{v1::DTYPE_F32, {2 << 20}, std::string(size_t{8} << 20, '\0')};  // 8 MiB
+  ASSERT_TRUE(WriteNpyFile(files.File("big.npy"), array).ok());
+  std::map<std::string, std::string> env = {{"TESSERA_ADDR", server_->address()},
+                                            {"TESSERA_TOKEN", registered->api_key()}};
+  // script(1) gives the CLI a pseudo-terminal.
+  std::string command = absl::StrCat(testing::CliBinary(), " tensor put ", files.File("big.npy"));
+  auto on_terminal = testing::RunCommand({"/usr/bin/script", "-qec", command, "/dev/null"}, env);
+  ASSERT_TRUE(on_terminal.ok()) << on_terminal.status();
+  EXPECT_EQ(on_terminal->exit_code, 0) << on_terminal->output;
+  EXPECT_THAT(on_terminal->output, HasSubstr("put ["));
+  EXPECT_THAT(on_terminal->output, HasSubstr("100% 8.0 MiB / 8.0 MiB"));
+  auto piped =
+      testing::RunCommand({testing::CliBinary(), "tensor", "put", files.File("big.npy")}, env);
+  ASSERT_TRUE(piped.ok());
+  EXPECT_EQ(piped->exit_code, 0);
+  EXPECT_THAT(piped->output, Not(HasSubstr("put [")));
 }
 
 }  // namespace
