@@ -63,6 +63,16 @@ std::shared_ptr<TenantContext> TenantRuntime::ContextOrNull() const {
   return context_;
 }
 
+absl::Status TenantRuntime::CheckQuotaLocked(uint64_t bytes, absl::string_view what) const {
+  if (bytes <= quota_.device_memory_bytes - std::min(used_bytes_, quota_.device_memory_bytes)) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("tenant \"", tenant_id_, "\" memory quota: ", used_bytes_, " bytes used + ",
+                   bytes, " ", what, " > quota.device_memory_bytes ", quota_.device_memory_bytes,
+                   "; delete tensors to free memory"));
+}
+
 absl::StatusOr<TenantRuntime::Tensor*> TenantRuntime::FindLocked(absl::string_view handle) {
   auto it = tensors_.find(handle);
   if (it == tensors_.end()) return NotFound(handle);
@@ -73,12 +83,7 @@ absl::StatusOr<TensorInfo> TenantRuntime::AddTensorLocked(const kernels::TensorM
                                                           std::shared_ptr<DeviceBuffer>* buffer) {
   ASSIGN_OR_RETURN(int64_t size, kernels::ByteSize(meta, "shape"));
   uint64_t bytes = static_cast<uint64_t>(size);
-  if (bytes > quota_.device_memory_bytes - std::min(used_bytes_, quota_.device_memory_bytes)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("tenant \"", tenant_id_, "\" memory quota: ", used_bytes_, " bytes used + ",
-                     bytes, " requested > quota.device_memory_bytes ", quota_.device_memory_bytes,
-                     "; delete tensors to free memory"));
-  }
+  RETURN_IF_ERROR(CheckQuotaLocked(bytes, "requested"));
   ASSIGN_OR_RETURN(*buffer, context_->Allocate(bytes));
   ASSIGN_OR_RETURN(std::string handle, NewId("tn_"));
   used_bytes_ += bytes;
@@ -342,13 +347,7 @@ absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<Launch
       }
       plans.push_back(*std::move(plan));
     }
-    if (new_bytes >
-        quota_.device_memory_bytes - std::min(used_bytes_, quota_.device_memory_bytes)) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("tenant \"", tenant_id_, "\" memory quota: ", used_bytes_, " bytes used + ",
-                       new_bytes, " for new outputs > quota.device_memory_bytes ",
-                       quota_.device_memory_bytes, "; delete tensors to free memory"));
-    }
+    RETURN_IF_ERROR(CheckQuotaLocked(new_bytes, "for new outputs"));
     // Everything is valid: create the outputs, take the tensors, record the job. Job ids
     // are looked up only in this tenant's table, so a counter serves (tensor handles, which
     // are shared with clients as capabilities, stay random).

@@ -195,6 +195,9 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   };
 
   absl::Status CheckOpen() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  /// RESOURCE_EXHAUSTED (used, `bytes` `what`, quota) unless `bytes` more fit the quota.
+  absl::Status CheckQuotaLocked(uint64_t bytes, absl::string_view what) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Tensor*> FindLocked(absl::string_view handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<TensorInfo> AddTensorLocked(const kernels::TensorMeta& meta,
                                              std::shared_ptr<DeviceBuffer>* buffer)

@@ -223,11 +223,15 @@ absl::StatusOr<TenantTable::RotatedKey> TenantTable::RotateKey(absl::string_view
 
 absl::StatusOr<std::shared_ptr<TenantRuntime>> TenantTable::AuthenticateKey(
     absl::string_view key) const {
+  return AuthenticateKey(key, HashCredential(key));
+}
+
+absl::StatusOr<std::shared_ptr<TenantRuntime>> TenantTable::AuthenticateKey(
+    absl::string_view key, const KeyHash& hash) const {
   static constexpr char kRefused[] =
       "invalid tenant API key (expected \"authorization: Bearer tsk_<tenant>.<secret>\")";
   absl::string_view id = TenantIdOfKey(key);
   if (id.empty()) return absl::UnauthenticatedError(kRefused);
-  KeyHash hash = HashCredential(key);
   absl::ReaderMutexLock lock(&mu_);
   auto it = tenants_.find(id);
   if (it == tenants_.end() || !HashesEqual(hash, it->second->record.key_hash)) {

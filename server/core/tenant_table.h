@@ -98,6 +98,10 @@ class TenantTable {
   /// runtime may be held past deregistration; it then refuses every call.
   absl::StatusOr<std::shared_ptr<TenantRuntime>> AuthenticateKey(absl::string_view key) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  /// The same, for a caller that already computed HashCredential(key).
+  absl::StatusOr<std::shared_ptr<TenantRuntime>> AuthenticateKey(absl::string_view key,
+                                                                 const KeyHash& hash) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   /// Per device: its info, reserved bytes and tenant count.
   std::vector<DeviceLoad> DeviceLoads() const ABSL_LOCKS_EXCLUDED(mu_);

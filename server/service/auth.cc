@@ -27,8 +27,9 @@ absl::StatusOr<std::string> BearerToken(const grpc::ServerContextBase& context) 
 absl::Status Authenticator::AuthorizeAdmin(const grpc::ServerContextBase& context) const {
   absl::StatusOr<std::string> token = BearerToken(context);
   if (!token.ok()) return token.status();
-  if (HashesEqual(HashCredential(*token), admin_hash_)) return absl::OkStatus();
-  if (tenants_->AuthenticateKey(*token).ok()) {
+  KeyHash hash = HashCredential(*token);  // hashed once for both checks
+  if (HashesEqual(hash, admin_hash_)) return absl::OkStatus();
+  if (tenants_->AuthenticateKey(*token, hash).ok()) {
     return absl::PermissionDeniedError(
         "a tenant API key cannot call TenantAdmin; use the admin token");
   }
@@ -39,10 +40,11 @@ absl::StatusOr<std::shared_ptr<TenantRuntime>> Authenticator::AuthenticateTenant
     const grpc::ServerContextBase& context) const {
   absl::StatusOr<std::string> token = BearerToken(context);
   if (!token.ok()) return token.status();
-  if (HashesEqual(HashCredential(*token), admin_hash_)) {
+  KeyHash hash = HashCredential(*token);  // hashed once for both checks
+  if (HashesEqual(hash, admin_hash_)) {
     return absl::PermissionDeniedError("the admin token cannot call Compute; use a tenant API key");
   }
-  return tenants_->AuthenticateKey(*token);
+  return tenants_->AuthenticateKey(*token, hash);
 }
 
 }  // namespace tessera

@@ -4,6 +4,9 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "spdlog/spdlog.h"
 
@@ -63,6 +66,31 @@ grpc::Status CallLog::Finish(const absl::Status& status) const {
 void CallLog::Info(absl::string_view what) const {
   spdlog::info("rpc={} tenant={} request_id={}: {}", rpc_, tenant_.empty() ? "-" : tenant_,
                request_id_, what);
+}
+
+absl::StatusOr<size_t> PageLimit(int32_t page_size) {
+  constexpr int32_t kDefault = 100;
+  constexpr int32_t kMax = 1000;
+  if (page_size < 0 || page_size > kMax) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size is ", page_size, "; the range is 0..",
+                                                   kMax, " (0 means ", kDefault, ")"));
+  }
+  return static_cast<size_t>(page_size == 0 ? kDefault : page_size);
+}
+
+std::string EncodePageToken(absl::string_view kind, absl::string_view last_key) {
+  return absl::WebSafeBase64Escape(absl::StrCat(kind, "-after:", last_key));
+}
+
+absl::StatusOr<std::string> DecodePageToken(absl::string_view kind, absl::string_view token,
+                                            absl::string_view rpc) {
+  std::string decoded;
+  std::string prefix = absl::StrCat(kind, "-after:");
+  if (!absl::WebSafeBase64Unescape(token, &decoded) || !absl::StartsWith(decoded, prefix)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_token is not one this API issued; pass next_page_token from a ", rpc, " reply"));
+  }
+  return decoded.substr(prefix.size());
 }
 
 absl::Status CallStillWanted(grpc::CallbackServerContext* context) {

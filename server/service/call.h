@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 
@@ -35,6 +36,15 @@ class CallLog {
   std::string request_id_;
   std::string tenant_;
 };
+
+/// The page size of a List call: `page_size` 0..1000, 0 meaning 100; INVALID_ARGUMENT otherwise.
+absl::StatusOr<size_t> PageLimit(int32_t page_size);
+/// Opaque page tokens: base64url of "<kind>-after:<last key>".
+std::string EncodePageToken(absl::string_view kind, absl::string_view last_key);
+/// The last key of a token EncodePageToken(kind, …) made; INVALID_ARGUMENT naming `rpc`
+/// (whose reply carries next_page_token) for anything else.
+absl::StatusOr<std::string> DecodePageToken(absl::string_view kind, absl::string_view token,
+                                            absl::string_view rpc);
 
 /// CANCELLED or DEADLINE_EXCEEDED when the client has gone; OK otherwise.
 absl::Status CallStillWanted(grpc::CallbackServerContext* context);

@@ -16,11 +16,9 @@
 namespace tessera {
 namespace {
 
-constexpr int kDefaultPageSize = 100;
-constexpr int kMaxPageSize = 1000;
 constexpr int64_t kDefaultChunkBytes = 1 << 20;
 constexpr int64_t kMinChunkBytes = 4 << 10;
-constexpr absl::string_view kTensorPagePrefix = "tensors-after:";
+constexpr absl::string_view kTensorPages = "tensors";
 
 // A unary call finished by whichever comes first: the work's completion, a timer, or the
 // client going away. Reference counted: gRPC holds one reference until OnDone, and every
@@ -80,31 +78,22 @@ std::shared_ptr<TenantRuntime> Authenticate(const Authenticator& auth, WaitReact
   return *std::move(runtime);
 }
 
+// Answers `reactor` with `job` unless something else answered first.
+void AnswerNow(WaitReactor* reactor, v1::Job* response, const JobInfo& job) {
+  if (reactor->Claim()) {
+    JobToProto(job, response);
+    reactor->Complete(absl::OkStatus());
+  }
+}
+
 // A job callback that answers `reactor` with the finished job, unless something else
 // answered first; it holds a reference on the reactor until it runs.
 TenantRuntime::JobCallback AnswerWithJob(WaitReactor* reactor, v1::Job* response) {
   reactor->Hold();
   return [reactor, response](const JobInfo& done) {
-    if (reactor->Claim()) {
-      JobToProto(done, response);
-      reactor->Complete(absl::OkStatus());
-    }
+    AnswerNow(reactor, response, done);
     reactor->Release();
   };
-}
-
-std::string EncodeTensorPage(absl::string_view handle) {
-  return absl::WebSafeBase64Escape(absl::StrCat(kTensorPagePrefix, handle));
-}
-
-absl::StatusOr<std::string> DecodeTensorPage(absl::string_view token) {
-  std::string decoded;
-  if (!absl::WebSafeBase64Unescape(token, &decoded) ||
-      !absl::StartsWith(decoded, kTensorPagePrefix)) {
-    return absl::InvalidArgumentError(
-        "page_token is not one this API issued; pass next_page_token from a ListTensors reply");
-  }
-  return decoded.substr(kTensorPagePrefix.size());
 }
 
 // Uploads: a header, then chunks; answered once the client half-closes.
@@ -344,19 +333,15 @@ grpc::ServerUnaryReactor* ComputeService::ListTensors(grpc::CallbackServerContex
                                                       const v1::ListTensorsRequest* request,
                                                       v1::ListTensorsResponse* response) {
   return Serve(context, "ListTensors", [&](TenantRuntime& runtime) -> absl::Status {
-    if (request->page_size() < 0 || request->page_size() > kMaxPageSize) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("page_size is ", request->page_size(), "; the range is 0..", kMaxPageSize));
-    }
+    ASSIGN_OR_RETURN(size_t limit, PageLimit(request->page_size()));
     std::string after;
     if (!request->page_token().empty()) {
-      ASSIGN_OR_RETURN(after, DecodeTensorPage(request->page_token()));
+      ASSIGN_OR_RETURN(after, DecodePageToken(kTensorPages, request->page_token(), "ListTensors"));
     }
-    int limit = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
-    TenantRuntime::TensorPage page = runtime.ListTensors(after, static_cast<size_t>(limit));
+    TenantRuntime::TensorPage page = runtime.ListTensors(after, limit);
     for (const TensorInfo& t : page.tensors) TensorInfoToProto(t, response->add_tensors());
     if (!page.last_handle.empty()) {
-      response->set_next_page_token(EncodeTensorPage(page.last_handle));
+      response->set_next_page_token(EncodePageToken(kTensorPages, page.last_handle));
     }
     return absl::OkStatus();
   });
@@ -390,18 +375,12 @@ grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* c
     return reactor;
   }
   if (!wait) {
-    if (reactor->Claim()) {
-      JobToProto(*job, response);
-      reactor->Complete(absl::OkStatus());
-    }
+    AnswerNow(reactor, response, *job);
     return reactor;
   }
   if (!runtime->WhenJobDone(job->id, AnswerWithJob(reactor, response)).ok()) {
     // Already forgotten (the callback was dropped unrun): answer with what was accepted.
-    if (reactor->Claim()) {
-      JobToProto(*job, response);
-      reactor->Complete(absl::OkStatus());
-    }
+    AnswerNow(reactor, response, *job);
     reactor->Release();
   }
   return reactor;

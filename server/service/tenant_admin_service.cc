@@ -16,24 +16,7 @@
 namespace tessera {
 namespace {
 
-constexpr int kDefaultPageSize = 100;
-constexpr int kMaxPageSize = 1000;
-constexpr absl::string_view kPageTokenPrefix = "tenants-after:";
-
-std::string EncodePageToken(absl::string_view last_id) {
-  return absl::WebSafeBase64Escape(absl::StrCat(kPageTokenPrefix, last_id));
-}
-
-absl::StatusOr<std::string> DecodePageToken(absl::string_view token) {
-  std::string decoded;
-  if (!absl::WebSafeBase64Unescape(token, &decoded) ||
-      !absl::StartsWith(decoded, kPageTokenPrefix) ||
-      !ValidateTenantId(absl::string_view(decoded).substr(kPageTokenPrefix.size())).ok()) {
-    return absl::InvalidArgumentError(
-        "page_token is not one this API issued; pass next_page_token from a ListTenants reply");
-  }
-  return decoded.substr(kPageTokenPrefix.size());
-}
+constexpr absl::string_view kTenantPages = "tenants";
 
 // Translates an UpdateTenantRequest into the core's update.
 absl::StatusOr<TenantTable::MetadataUpdate> UpdateFromRequest(
@@ -146,21 +129,23 @@ grpc::ServerUnaryReactor* TenantAdminService::ListTenants(grpc::CallbackServerCo
                                                           v1::ListTenantsResponse* response) {
   return Serve(context, "ListTenants", /*mutation=*/false,
                [this, request, response](CallLog&) -> absl::Status {
-                 if (request->page_size() < 0 || request->page_size() > kMaxPageSize) {
-                   return absl::InvalidArgumentError(
-                       absl::StrCat("page_size is ", request->page_size(), "; the range is 0..",
-                                    kMaxPageSize, " (0 means ", kDefaultPageSize, ")"));
-                 }
+                 ASSIGN_OR_RETURN(size_t limit, PageLimit(request->page_size()));
                  std::string after;
                  if (!request->page_token().empty()) {
-                   ASSIGN_OR_RETURN(after, DecodePageToken(request->page_token()));
+                   ASSIGN_OR_RETURN(
+                       after, DecodePageToken(kTenantPages, request->page_token(), "ListTenants"));
+                   // Tokens carry a tenant id; anything else was not issued here.
+                   if (!ValidateTenantId(after).ok()) {
+                     return absl::InvalidArgumentError(
+                         "page_token is not one this API issued; pass next_page_token from a "
+                         "ListTenants reply");
+                   }
                  }
-                 int limit = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
-                 TenantTable::Page page = tenants_->List(after, static_cast<size_t>(limit));
+                 TenantTable::Page page = tenants_->List(after, limit);
                  for (const TenantView& view : page.tenants)
                    TenantToProto(view, response->add_tenants());
                  if (!page.last_id.empty())
-                   response->set_next_page_token(EncodePageToken(page.last_id));
+                   response->set_next_page_token(EncodePageToken(kTenantPages, page.last_id));
                  response->set_total_size(static_cast<int32_t>(page.total));
                  return absl::OkStatus();
                });

@@ -134,7 +134,7 @@ void CpuScheduler::Stop() {
   }
 }
 
-CpuTenantQueue* CpuScheduler::PickLocked() {
+CpuTenantQueue* CpuScheduler::PickLocked() const {
   CpuTenantQueue* best = nullptr;
   for (CpuTenantQueue* q : tenants_) {
     bool runnable = !q->regions_.empty();
@@ -146,9 +146,7 @@ CpuTenantQueue* CpuScheduler::PickLocked() {
   return best;
 }
 
-bool CpuScheduler::HasWorkLocked() const {
-  return const_cast<CpuScheduler*>(this)->PickLocked() != nullptr;
-}
+bool CpuScheduler::HasWorkLocked() const { return PickLocked() != nullptr; }
 
 void CpuScheduler::ChargeLocked(CpuTenantQueue* q, int64_t ns) {
   if (ns <= 0) return;

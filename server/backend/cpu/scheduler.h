@@ -92,7 +92,7 @@ class CpuScheduler {
 
   void WorkerLoop();
   /// The tenant with runnable work and the least virtual time; nullptr when none.
-  CpuTenantQueue* PickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  CpuTenantQueue* PickLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ChargeLocked(CpuTenantQueue* q, int64_t ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Runs one chunk of `q`'s first region with chunks left (mu_ held on entry and exit).
