@@ -249,7 +249,7 @@ void TenantRuntime::EndTransfer(const std::string& handle, bool delete_tensor) {
 // ---- jobs --------------------------------------------------------------------------------------
 
 absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<LaunchSpec> steps,
-                                              bool program) {
+                                              bool program, JobCallback on_done) {
   absl::MutexLock submit_lock(&submit_mu_);
   std::shared_ptr<Job> job;
   std::vector<Step> exec;
@@ -394,6 +394,7 @@ absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<Launch
       step.plan = std::move(plans[i]);
       exec.push_back(std::move(step));
     }
+    if (on_done != nullptr) job->waiters.push_back(std::move(on_done));
     jobs_.emplace(job_id, job);
     queued_++;
     context = context_;

@@ -156,16 +156,20 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- jobs ----
+  using JobCallback = absl::AnyInvocable<void(const JobInfo&) &&>;
+
   /// Validates and enqueues `steps` as one job on `stream`. `program` prefixes errors with
-  /// the failing step ("steps[2] (matmul): ..."). Errors: INVALID_ARGUMENT, NOT_FOUND (a
+  /// the failing step ("steps[2] (matmul): ..."). `on_done`, when given, is attached before
+  /// the job is enqueued and called once it finishes, on any thread (possibly before Submit
+  /// returns); on error it is destroyed unrun. Errors: INVALID_ARGUMENT, NOT_FOUND (a
   /// handle), RESOURCE_EXHAUSTED (queue depth, memory quota), FAILED_PRECONDITION.
-  absl::StatusOr<JobInfo> Submit(int64_t stream, std::vector<LaunchSpec> steps, bool program)
+  absl::StatusOr<JobInfo> Submit(int64_t stream, std::vector<LaunchSpec> steps, bool program,
+                                 JobCallback on_done = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_, submit_mu_);
   absl::StatusOr<JobInfo> GetJob(absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);
   /// Cancels a queued job (it will not run); a running or finished job is returned as is.
   absl::StatusOr<JobInfo> CancelJob(absl::string_view id) ABSL_LOCKS_EXCLUDED(mu_);
 
-  using JobCallback = absl::AnyInvocable<void(const JobInfo&) &&>;
   /// Calls `callback` once the job has finished (at once if it has), on any thread.
   absl::Status WhenJobDone(absl::string_view id, JobCallback callback) ABSL_LOCKS_EXCLUDED(mu_);
   /// Calls `callback(n)` once every job enqueued so far on `stream` (all streams when

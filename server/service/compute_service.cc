@@ -369,18 +369,21 @@ grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* c
     reactor->CompleteIfUnclaimed(parse_error);
     return reactor;
   }
-  absl::StatusOr<JobInfo> job = runtime->Submit(stream, std::move(steps), program);
-  if (!job.ok()) {
-    reactor->CompleteIfUnclaimed(job.status());
-    return reactor;
-  }
   if (!wait) {
-    AnswerNow(reactor, response, *job);
+    absl::StatusOr<JobInfo> job = runtime->Submit(stream, std::move(steps), program);
+    if (job.ok()) {
+      AnswerNow(reactor, response, *job);
+    } else {
+      reactor->CompleteIfUnclaimed(job.status());
+    }
     return reactor;
   }
-  if (!runtime->WhenJobDone(job->id, AnswerWithJob(reactor, response)).ok()) {
-    // Already forgotten (the callback was dropped unrun): answer with what was accepted.
-    AnswerNow(reactor, response, *job);
+  // The answer is attached before the job is enqueued, so a worker that finishes it at once
+  // answers directly, without waiting for this thread to register afterwards.
+  absl::StatusOr<JobInfo> job =
+      runtime->Submit(stream, std::move(steps), program, AnswerWithJob(reactor, response));
+  if (!job.ok()) {  // the callback was destroyed unrun: drop its reference here
+    reactor->CompleteIfUnclaimed(job.status());
     reactor->Release();
   }
   return reactor;

@@ -61,6 +61,29 @@ class EchoService final : public bench::Echo::CallbackService {
   }
 };
 
+// `--echo_server`: the transport baseline as a process of its own (default gRPC settings,
+// like tessera-server), printing the same banner; stops on SIGTERM or SIGINT.
+int EchoServerMain() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before gRPC starts its threads
+  grpc::ServerBuilder builder;
+  EchoService echo;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&echo);
+  auto server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) return 1;
+  std::printf("echo server listening on 127.0.0.1:%d\n", port);
+  std::fflush(stdout);
+  int signal = 0;
+  sigwait(&signals, &signal);
+  server->Shutdown();
+  return 0;
+}
+
 v1::TensorSpec Spec(std::vector<int64_t> shape) {
   v1::TensorSpec spec;
   spec.set_dtype(v1::DTYPE_F32);
@@ -183,19 +206,31 @@ int Main(bool quick) {
 
   // ---- 4 KiB add, Launch wait, vs echo of 4 KiB ----
   {
+    // The baseline runs in a process of its own, like tessera-server: a server inside the
+    // client's process shares the client's gRPC pollers, and a blocked client thread then
+    // serves the echo itself, with no wake-up of another thread (reported as a diagnostic).
+    testing::ServerProcess::Options echo_options;
+    echo_options.binary = "/proc/self/exe";
+    echo_options.args = {"--echo_server"};
+    auto echo_process = testing::ServerProcess::Start(echo_options);
+    if (!echo_process.ok()) {
+      std::fprintf(stderr, "echo server: %s\n", echo_process.status().ToString().c_str());
+      return 1;
+    }
+    auto stub = bench::Echo::NewStub(
+        grpc::CreateChannel((*echo_process)->address(), grpc::InsecureChannelCredentials()));
     grpc::ServerBuilder builder;
     EchoService echo;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&echo);
     auto echo_server = builder.BuildAndStart();
-    auto channel = grpc::CreateChannel(absl::StrFormat("127.0.0.1:%d", port),
-                                       grpc::InsecureChannelCredentials());
-    auto stub = bench::Echo::NewStub(channel);
+    auto local_stub = bench::Echo::NewStub(grpc::CreateChannel(
+        absl::StrFormat("127.0.0.1:%d", port), grpc::InsecureChannelCredentials()));
     bench::EchoMessage message;
     message.set_data(std::string(4096, 'x'));
     const int calls = quick ? 500 : 3000;
-    std::vector<double> echo_t, add_t, usage_t, nowait_t;
+    std::vector<double> echo_t, local_echo_t, add_t, usage_t, nowait_t;
     auto a = tenant->CreateTensor(Spec({1024}), RandomFloats(1024));
     auto c = tenant->CreateTensor(Spec({1024}));
     v1::LaunchRequest launch;
@@ -210,6 +245,8 @@ int Main(bool quick) {
       grpc::ClientContext ctx;
       bench::EchoMessage reply;
       (void)stub->Echo(&ctx, message, &reply);
+      grpc::ClientContext local_ctx;
+      (void)local_stub->Echo(&local_ctx, message, &reply);
       (void)tenant->Launch(launch);
     }
     for (int i = 0; i < calls; ++i) {  // interleaved, so drift affects both alike
@@ -218,6 +255,10 @@ int Main(bool quick) {
       bench::EchoMessage reply;
       (void)stub->Echo(&ctx, message, &reply);
       echo_t.push_back(Seconds(Clock::now() - start));
+      start = Clock::now();
+      grpc::ClientContext local_ctx;
+      (void)local_stub->Echo(&local_ctx, message, &reply);
+      local_echo_t.push_back(Seconds(Clock::now() - start));
       start = Clock::now();
       (void)tenant->Launch(launch);
       add_t.push_back(Seconds(Clock::now() - start));
@@ -244,8 +285,13 @@ int Main(bool quick) {
         "| 4 KiB add p50 without wait (diagnostic) | %.0f us | echo of 4 KiB %.0f us | %.2fx | "
         "(diagnostic) |\n",
         Percentile(nowait_t, 0.5) * 1e6, echo50 * 1e6, Percentile(nowait_t, 0.5) / echo50);
+    std::printf(
+        "| echo p50, server in the client's process (diagnostic) | %.0f us | echo of 4 KiB %.0f "
+        "us | %.2fx | (diagnostic) |\n",
+        Percentile(local_echo_t, 0.5) * 1e6, echo50 * 1e6, Percentile(local_echo_t, 0.5) / echo50);
     (void)tenant->Synchronize();
     echo_server->Shutdown();
+    (void)(*echo_process)->Stop(SIGTERM);
   }
   (void)(*server)->Stop(SIGTERM);
   return 0;
@@ -255,6 +301,7 @@ int Main(bool quick) {
 }  // namespace tessera
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--echo_server") return tessera::EchoServerMain();
   bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   return tessera::Main(quick);
 }

@@ -89,8 +89,13 @@ const char* ServerBinary() { return TESSERA_SERVER_BIN; }
 const char* CliBinary() { return TESSERA_CLI_BIN; }
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(Options options) {
-  std::vector<std::string> argv = {ServerBinary(), "--listen=127.0.0.1:0",
-                                   absl::StrCat("--state_dir=", options.state_dir)};
+  std::vector<std::string> argv;
+  if (options.binary.empty()) {
+    argv = {ServerBinary(), "--listen=127.0.0.1:0",
+            absl::StrCat("--state_dir=", options.state_dir)};
+  } else {
+    argv = {options.binary};
+  }
   argv.insert(argv.end(), options.args.begin(), options.args.end());
   pid_t pid = 0;
   int fd = -1;

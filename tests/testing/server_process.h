@@ -26,8 +26,12 @@ const char* CliBinary();
 class ServerProcess {
  public:
   struct Options {
-    /// Required: the --state_dir.
+    /// Required for tessera-server: the --state_dir.
     std::string state_dir;
+    /// Another program speaking the same banner ("listening on 127.0.0.1:PORT"), run with
+    /// `args` only (no --listen/--state_dir); empty for tessera-server. Benchmarks use it
+    /// to run their transport baselines in a process of their own, like the server.
+    std::string binary;
     /// Extra flags, e.g. "--cpu_memory_bytes=1GiB".
     std::vector<std::string> args;
     /// Extra environment variables.
