@@ -12,6 +12,10 @@ packages=(
   # tests
   libgtest-dev libgmock-dev openssl
 )
+# --bench: also what the benchmark suite needs (tests/bench/run.sh): its plots.
+if [[ ${1:-} == --bench ]]; then
+  packages+=(gnuplot-nox)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -5,6 +5,7 @@
 #include <string>
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -100,6 +101,12 @@ int main(int argc, char** argv) {
   // launches. Debug builds (the asan preset, the unit tests) keep it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 #endif
+  // gRPC allocates each received message (up to --max_message_bytes, 1 MiB chunks in
+  // transfers) with malloc; glibc's default serves those from fresh mmaps and trims freed
+  // heap eagerly, so every chunk paid its page faults again. Tensors have their own mappings
+  // (server/backend/cpu), so keeping message-sized blocks on the heap costs little.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 128 << 20);
   absl::SetProgramUsageMessage(
       "Serves the Tessera multi-tenant GPU API.\n  tessera-server [--listen=127.0.0.1:50051] "
       "[--state_dir=./var] [--backend=auto|cpu|cuda] ...");

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "absl/status/status.h"
@@ -14,25 +15,54 @@
 namespace tessera {
 namespace {
 
-// Host memory; calloc maps large blocks lazily, so zero-filling costs nothing up front.
+// Host memory. Large buffers are their own 2 MiB-aligned mapping advised for transparent
+// huge pages: a 64 MiB upload then takes 32 page faults instead of 16384 (measured: the
+// faults were more than half of a 256 MiB upload's time). Fresh anonymous pages read as
+// zero, so neither path zero-fills up front.
 class HostBuffer final : public DeviceBuffer {
  public:
+  static constexpr uint64_t kHugePage = uint64_t{2} << 20;
+
   static absl::StatusOr<std::shared_ptr<HostBuffer>> Create(uint64_t bytes) {
-    void* data = std::calloc(1, bytes == 0 ? 1 : bytes);
-    if (data == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("host memory: cannot allocate ", bytes, " bytes"));
+    if (bytes >= kHugePage) {
+      uint64_t mapped = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+      uint64_t reserve = mapped + kHugePage;  // room to align the start
+      void* raw =
+          mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (raw == MAP_FAILED) return OutOfMemory(bytes);
+      auto base = reinterpret_cast<uintptr_t>(raw);
+      uintptr_t start = (base + kHugePage - 1) / kHugePage * kHugePage;
+      if (start > base) munmap(raw, start - base);
+      uintptr_t tail = start + mapped, end = base + reserve;
+      if (end > tail) munmap(reinterpret_cast<void*>(tail), end - tail);
+      void* data = reinterpret_cast<void*>(start);
+      (void)madvise(data, mapped, MADV_HUGEPAGE);  // advice only: ignored where THP is off
+      return std::shared_ptr<HostBuffer>(new HostBuffer(data, bytes, mapped));
     }
-    return std::shared_ptr<HostBuffer>(new HostBuffer(data, bytes));
+    void* data = std::calloc(1, bytes == 0 ? 1 : bytes);
+    if (data == nullptr) return OutOfMemory(bytes);
+    return std::shared_ptr<HostBuffer>(new HostBuffer(data, bytes, 0));
   }
-  ~HostBuffer() override { std::free(data_); }
+  ~HostBuffer() override {
+    if (mapped_ > 0) {
+      munmap(data_, mapped_);
+    } else {
+      std::free(data_);
+    }
+  }
   uint64_t size() const override { return size_; }
   void* data() const { return data_; }
 
  private:
-  HostBuffer(void* data, uint64_t size) : data_(data), size_(size) {}
+  HostBuffer(void* data, uint64_t size, uint64_t mapped)
+      : data_(data), size_(size), mapped_(mapped) {}
+  static absl::Status OutOfMemory(uint64_t bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host memory: cannot allocate ", bytes, " bytes"));
+  }
   void* const data_;
   const uint64_t size_;
+  const uint64_t mapped_;  // > 0: an mmap of this length
 };
 
 void* DataOf(const DeviceBuffer& buffer) { return static_cast<const HostBuffer&>(buffer).data(); }

@@ -1,0 +1,922 @@
+// Tessera's benchmark suite: every figure a ratio against a baseline measured in the same
+// run (this machine is shared and noisy). Baselines: a bare gRPC echo server built from the
+// same gRPC, in a process of its own (transport), and direct in-process calls of the
+// libraries the CPU backend uses (compute). Scenarios and targets: docs/benchmarks.md.
+//
+//   tessera_bench [--quick] [--backend=cpu|cuda|auto] [--out=DIR] [--doc=FILE]
+//                 [--only=tiny,stream,gemm,elementwise,program,scaling,shares,noisy,cold,gpu]
+//
+// Writes DIR/results.json, DIR/results.md and DIR/*.dat (plotted by tests/bench/plots.gp);
+// with --doc, replaces the results section of FILE (between the markers) with results.md.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cblas.h>
+#include <signal.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+
+#include "Eigen/Core"
+#include "tessera/client.h"
+#include "tests/bench/echo.grpc.pb.h"
+#include "tests/bench/echo_server.h"
+#include "tests/bench/loadgen.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/temp_dir.h"
+
+namespace tessera::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+template <typename Fn>
+double Time(Fn fn) {
+  auto start = Clock::now();
+  fn();
+  return Seconds(Clock::now() - start);
+}
+
+// ---------------------------------------------------------------------------------------
+// The report: one row per measured figure.
+
+enum class Goal { kNone, kAtMost, kAtLeast };
+
+struct Row {
+  std::string scenario;  // "1".."10"
+  std::string metric;
+  double value = 0;
+  std::string unit;
+  std::string baseline_name;  // empty: no baseline (reported only)
+  double baseline = 0;
+  double ratio = 0;  // value / baseline, or baseline / value for "higher is better" times
+  Goal goal = Goal::kNone;
+  double target = 0;
+  std::string note;
+
+  bool HasTarget() const { return goal != Goal::kNone; }
+  bool Met() const {
+    return goal == Goal::kAtMost ? ratio <= target : goal == Goal::kAtLeast && ratio >= target;
+  }
+  std::string TargetText() const {
+    if (!HasTarget()) return "—";
+    return absl::StrFormat("%s %.2fx", goal == Goal::kAtMost ? "≤" : "≥", target);
+  }
+};
+
+std::string Num(double v) {
+  if (v == 0) return "0";
+  double a = std::fabs(v);
+  if (a >= 100) return absl::StrFormat("%.0f", v);
+  if (a >= 10) return absl::StrFormat("%.1f", v);
+  if (a >= 0.1) return absl::StrFormat("%.2f", v);
+  return absl::StrFormat("%.3g", v);
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+class Report {
+ public:
+  void Add(Row row) {
+    std::printf("%s\n", MarkdownLine(row).c_str());
+    std::fflush(stdout);
+    rows_.push_back(std::move(row));
+  }
+  void Skip(const std::string& scenario, const std::string& why) {
+    std::printf("scenario %s skipped: %s\n", scenario.c_str(), why.c_str());
+    std::fflush(stdout);
+    skipped_.emplace_back(scenario, why);
+  }
+
+  std::string Markdown(const std::string& header) const {
+    std::string md = header;
+    md += "| # | figure | Tessera | baseline (same run) | ratio | target | |\n";
+    md += "|---|---|---|---|---|---|---|\n";
+    for (const Row& row : rows_) md += MarkdownLine(row) + "\n";
+    for (const auto& [scenario, why] : skipped_) {
+      md += absl::StrCat("| ", scenario, " | skipped: ", why, " | | | | | |\n");
+    }
+    return md;
+  }
+
+  std::string Json(const std::string& machine, const std::string& backend, bool quick) const {
+    std::string j = "{\n";
+    j += absl::StrCat(
+        "  \"date\": ",
+        JsonString(absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())),
+        ",\n");
+    j += absl::StrCat("  \"machine\": ", JsonString(machine), ",\n");
+    j += absl::StrCat("  \"backend\": ", JsonString(backend), ",\n");
+    j += absl::StrCat("  \"quick\": ", quick ? "true" : "false", ",\n");
+    j += "  \"results\": [\n";
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      const Row& r = rows_[i];
+      j += absl::StrCat(
+          "    {\"scenario\": ", JsonString(r.scenario), ", \"metric\": ", JsonString(r.metric),
+          ", \"value\": ", absl::StrFormat("%.6g", r.value), ", \"unit\": ", JsonString(r.unit));
+      if (!r.baseline_name.empty()) {
+        j += absl::StrCat(", \"baseline\": ", JsonString(r.baseline_name),
+                          ", \"baseline_value\": ", absl::StrFormat("%.6g", r.baseline),
+                          ", \"ratio\": ", absl::StrFormat("%.4f", r.ratio));
+      }
+      if (r.HasTarget()) {
+        j += absl::StrCat(", \"target\": ", JsonString(r.TargetText()),
+                          ", \"met\": ", r.Met() ? "true" : "false");
+      }
+      if (!r.note.empty()) j += absl::StrCat(", \"note\": ", JsonString(r.note));
+      j += i + 1 < rows_.size() ? "},\n" : "}\n";
+    }
+    j += "  ],\n  \"skipped\": [";
+    for (size_t i = 0; i < skipped_.size(); ++i) {
+      j += absl::StrCat(i ? ", " : "", "{\"scenario\": ", JsonString(skipped_[i].first),
+                        ", \"why\": ", JsonString(skipped_[i].second), "}");
+    }
+    j += "]\n}\n";
+    return j;
+  }
+
+  int Missed() const {
+    return static_cast<int>(std::count_if(rows_.begin(), rows_.end(),
+                                          [](const Row& r) { return r.HasTarget() && !r.Met(); }));
+  }
+
+ private:
+  static std::string MarkdownLine(const Row& r) {
+    std::string baseline = r.baseline_name.empty()
+                               ? "—"
+                               : absl::StrCat(r.baseline_name, " ", Num(r.baseline), " ", r.unit);
+    std::string ratio = r.baseline_name.empty() ? "—" : absl::StrFormat("%.2fx", r.ratio);
+    std::string verdict = !r.HasTarget() ? "" : r.Met() ? "met" : "**missed**";
+    std::string metric = r.note.empty() ? r.metric : absl::StrCat(r.metric, " (", r.note, ")");
+    return absl::StrCat("| ", r.scenario, " | ", metric, " | ", Num(r.value), " ", r.unit, " | ",
+                        baseline, " | ", ratio, " | ", r.TargetText(), " | ", verdict, " |");
+  }
+
+  std::vector<Row> rows_;
+  std::vector<std::pair<std::string, std::string>> skipped_;
+};
+
+// A latency figure (lower is better): ratio = value / baseline.
+Row Latency(std::string scenario, std::string metric, double value_s, std::string baseline_name,
+            double baseline_s, Goal goal = Goal::kNone, double target = 0) {
+  Row r{std::move(scenario),      std::move(metric), value_s * 1e6, "µs",
+        std::move(baseline_name), baseline_s * 1e6};
+  r.ratio = baseline_s > 0 ? value_s / baseline_s : 0;
+  r.goal = goal;
+  r.target = target;
+  return r;
+}
+
+// A rate figure (higher is better): ratio = value / baseline.
+Row Rate(std::string scenario, std::string metric, double value, std::string unit,
+         std::string baseline_name, double baseline, Goal goal = Goal::kNone, double target = 0) {
+  Row r{std::move(scenario), std::move(metric),        value,
+        std::move(unit),     std::move(baseline_name), baseline};
+  r.ratio = baseline > 0 ? value / baseline : 0;
+  r.goal = goal;
+  r.target = target;
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Fixtures.
+
+v1::TensorSpec Spec(std::vector<int64_t> shape) {
+  v1::TensorSpec spec;
+  spec.set_dtype(v1::DTYPE_F32);
+  spec.mutable_shape()->Add(shape.begin(), shape.end());
+  return spec;
+}
+
+std::string RandomFloats(size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f;
+  return std::string(reinterpret_cast<const char*>(v.data()), n * sizeof(float));
+}
+
+v1::LaunchRequest Binary(const std::string& kernel, const std::string& a, const std::string& b,
+                         const std::string& out, uint32_t stream = 0) {
+  v1::LaunchRequest launch;
+  launch.set_kernel(kernel);
+  launch.add_inputs(a);
+  launch.add_inputs(b);
+  launch.add_outputs()->set_handle(out);
+  launch.set_stream(stream);
+  launch.set_wait(true);
+  return launch;
+}
+
+bool Succeeded(const absl::StatusOr<v1::Job>& job) {
+  return job.ok() && job->state() == v1::JOB_STATE_SUCCEEDED;
+}
+
+struct Env {
+  bool quick = false;
+  int cores = 1;
+  std::string out_dir;
+  std::string backend;
+  std::unique_ptr<testing::ServerProcess> server;
+  std::unique_ptr<testing::ServerProcess> echo_process;
+  std::unique_ptr<Client> admin;
+  std::unique_ptr<Echo::Stub> echo;
+  Report report;
+  std::vector<std::string> registered;
+
+  // Deregisters every tenant registered so far (between scenarios, so reservations from
+  // one scenario never crowd the next).
+  void DropTenants() {
+    for (const std::string& id : registered) (void)admin->DeregisterTenant(id);
+    registered.clear();
+  }
+
+  double Pick(double quick_value, double full_value) const {
+    return quick ? quick_value : full_value;
+  }
+
+  // Registers a tenant and connects as it.
+  std::unique_ptr<Client> Tenant(const std::string& id, uint64_t memory_bytes,
+                                 uint32_t share_percent = 10, uint32_t streams = 4,
+                                 uint32_t max_queued = 256) {
+    v1::RegisterTenantRequest reg;
+    reg.set_tenant_id(id);
+    reg.mutable_quota()->set_device_memory_bytes(memory_bytes);
+    reg.mutable_quota()->set_compute_share_percent(share_percent);
+    reg.mutable_quota()->set_max_streams(streams);
+    reg.mutable_quota()->set_max_queued_jobs(max_queued);
+    auto key = admin->RegisterTenant(reg);
+    if (key.ok()) registered.push_back(id);
+    if (!key.ok()) {
+      std::fprintf(stderr, "RegisterTenant %s: %s\n", id.c_str(), key.status().ToString().c_str());
+      std::exit(1);
+    }
+    return *Client::Connect(
+        {.address = server->address(), .token = key->api_key(), .timeout = absl::Minutes(5)});
+  }
+};
+
+// A tenant's working set for a repeated binary op: inputs a, b and one output per worker,
+// so concurrent jobs never write the same tensor.
+struct Operands {
+  std::string a, b;
+  std::vector<std::string> out;
+};
+
+Operands MakeOperands(Client& tenant, int64_t elements, int outputs) {
+  Operands ops;
+  std::string bytes = RandomFloats(static_cast<size_t>(elements));
+  ops.a = tenant.Upload(Spec({elements}), bytes)->handle();
+  ops.b = tenant.Upload(Spec({elements}), bytes)->handle();
+  for (int i = 0; i < outputs; ++i)
+    ops.out.push_back(tenant.CreateTensor(Spec({elements}))->handle());
+  return ops;
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  return static_cast<bool>(out);
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. Tiny op latency and throughput vs the echo.
+
+void TinyOp(Env& env) {
+  auto tenant = env.Tenant("tiny", 64 << 20, 10, 16);
+  Operands ops = MakeOperands(*tenant, 1024, 16);
+  v1::LaunchRequest launch = Binary("add", ops.a, ops.b, ops.out[0]);
+  EchoMessage message;
+  message.set_data(std::string(4096, 'x'));
+  auto echo_call = [&] {
+    grpc::ClientContext ctx;
+    EchoMessage reply;
+    return env.echo->Echo(&ctx, message, &reply).ok();
+  };
+  for (int i = 0; i < 100; ++i) {  // warm both paths
+    echo_call();
+    (void)tenant->Launch(launch);
+  }
+  const int calls = static_cast<int>(env.Pick(500, 3000));
+  std::vector<double> echo_t, launch_t;
+  for (int i = 0; i < calls; ++i) {  // interleaved, so drift affects both alike
+    echo_t.push_back(Time(echo_call));
+    launch_t.push_back(Time([&] { (void)tenant->Launch(launch); }));
+  }
+  env.report.Add(Latency("1", "4 KiB add, Launch wait, p50, 1 in flight", Percentile(launch_t, 0.5),
+                         "echo 4 KiB", Percentile(echo_t, 0.5), Goal::kAtMost, 1.25));
+  env.report.Add(Latency("1", "4 KiB add, Launch wait, p99, 1 in flight",
+                         Percentile(launch_t, 0.99), "echo 4 KiB", Percentile(echo_t, 0.99),
+                         Goal::kAtMost, 1.5));
+
+  // Throughput at 16 in flight (one channel, 16 threads, each worker its own stream/output).
+  const absl::Duration window = absl::Seconds(env.Pick(1.5, 3));
+  std::vector<v1::LaunchRequest> per_worker;
+  for (int w = 0; w < 16; ++w) {
+    per_worker.push_back(
+        Binary("add", ops.a, ops.b, ops.out[static_cast<size_t>(w)], static_cast<uint32_t>(w)));
+  }
+  auto launch_call = [&](int w) {
+    return Succeeded(tenant->Launch(per_worker[static_cast<size_t>(w)]));
+  };
+  auto echo_worker = [&](int) { return echo_call(); };
+  LoadResult echo16 = RunLoad({.workers = 16, .duration = window}, echo_worker);
+  LoadResult launch16 = RunLoad({.workers = 16, .duration = window}, launch_call);
+  env.report.Add(Rate("1", "4 KiB add QPS, 16 in flight", launch16.Qps(), "req/s", "echo 4 KiB",
+                      echo16.Qps(), Goal::kAtLeast, 0.85));
+
+  // Latency against offered load (open loop), for the plot.
+  double top = std::min(echo16.Qps(), launch16.Qps());
+  std::string dat = "# offered_rps echo_p50_us echo_p99_us tessera_p50_us tessera_p99_us\n";
+  const absl::Duration step = absl::Seconds(env.Pick(0.6, 1.5));
+  for (double fraction : {0.1, 0.3, 0.5, 0.7, 0.9}) {
+    double rate = fraction * top;
+    LoadResult e = RunLoad({.workers = 16, .duration = step, .rate = rate}, echo_worker);
+    LoadResult t = RunLoad({.workers = 16, .duration = step, .rate = rate}, launch_call);
+    dat += absl::StrFormat("%.0f %.1f %.1f %.1f %.1f\n", rate, Percentile(e.All(), 0.5) * 1e6,
+                           Percentile(e.All(), 0.99) * 1e6, Percentile(t.All(), 0.5) * 1e6,
+                           Percentile(t.All(), 0.99) * 1e6);
+  }
+  WriteFile(env.out_dir + "/latency_vs_load.dat", dat);
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Streamed upload and download vs the bare gRPC byte stream.
+
+void Streams(Env& env) {
+  const size_t bytes = env.quick ? size_t{64} << 20 : size_t{256} << 20;
+  const size_t chunk = 1 << 20;  // the client library's and server's default chunk
+  auto tenant = env.Tenant("stream", uint64_t{1} << 30);
+  std::string data = RandomFloats(bytes / sizeof(float));
+  const int reps = static_cast<int>(env.Pick(1, 3));
+  std::vector<double> up, down, echo_up, echo_down;
+  for (int r = 0; r < reps; ++r) {
+    // Baseline upload: the same chunking and one copy into each message, as Client::Upload.
+    echo_up.push_back(Time([&] {
+      grpc::ClientContext ctx;
+      StreamSummary summary;
+      auto writer = env.echo->Upload(&ctx, &summary);
+      EchoMessage message;
+      for (size_t off = 0; off < data.size(); off += chunk) {
+        message.set_data(data.data() + off, std::min(chunk, data.size() - off));
+        if (!writer->Write(message)) break;
+      }
+      writer->WritesDone();
+      (void)writer->Finish();
+    }));
+    std::string handle;
+    up.push_back(Time([&] {
+      auto info = tenant->Upload(Spec({static_cast<int64_t>(bytes / sizeof(float))}), data, chunk);
+      if (info.ok()) handle = info->handle();
+    }));
+    // Baseline download: into one growing string, as Client::Download.
+    echo_down.push_back(Time([&] {
+      grpc::ClientContext ctx;
+      StreamRequest request;
+      request.set_size(bytes);
+      request.set_chunk_bytes(static_cast<uint32_t>(chunk));
+      auto reader = env.echo->Download(&ctx, request);
+      std::string received;
+      received.reserve(bytes);
+      EchoMessage message;
+      while (reader->Read(&message)) received.append(message.data());
+      (void)reader->Finish();
+    }));
+    down.push_back(Time([&] { (void)tenant->Download(handle); }));
+    (void)tenant->DeleteTensor(handle);
+  }
+  double gb = static_cast<double>(bytes) / 1e9;
+  std::string size = absl::StrCat(bytes >> 20, " MiB");
+  env.report.Add(Rate("2", absl::StrCat("upload ", size, " (WriteTensor)"),
+                      gb / Percentile(up, 0.5), "GB/s", "gRPC byte stream",
+                      gb / Percentile(echo_up, 0.5), Goal::kAtLeast, 1.0));
+  env.report.Add(Rate("2", absl::StrCat("download ", size, " (ReadTensor)"),
+                      gb / Percentile(down, 0.5), "GB/s", "gRPC byte stream",
+                      gb / Percentile(echo_down, 0.5), Goal::kAtLeast, 1.0));
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. SGEMM on resident tensors vs the best library called directly.
+
+void Gemm(Env& env) {
+  auto tenant = env.Tenant("gemm", uint64_t{1} << 30);
+  for (int n : env.quick ? std::vector<int>{256, 1024} : std::vector<int>{256, 512, 1024, 2048}) {
+    std::string a_bytes = RandomFloats(static_cast<size_t>(n) * n);
+    auto a = tenant->Upload(Spec({n, n}), a_bytes);
+    auto c = tenant->CreateTensor(Spec({n, n}));
+    v1::LaunchRequest launch = Binary("matmul", a->handle(), a->handle(), c->handle());
+    int repeats = n >= 2048 ? 5 : n >= 1024 ? 9 : 21;
+    std::vector<float> A(static_cast<size_t>(n) * n), C(static_cast<size_t>(n) * n);
+    std::memcpy(A.data(), a_bytes.data(), a_bytes.size());
+    openblas_set_num_threads(env.cores);
+    using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    Eigen::Map<const RowMajor> EA(A.data(), n, n);
+    Eigen::Map<RowMajor> EC(C.data(), n, n);
+    // Interleaved call by call, so drift hits both sides alike; a pause after each direct
+    // call lets OpenBLAS's threads stop spinning before the server is timed.
+    std::vector<double> server_t, blas_t, eigen_t;
+    for (int r = -1; r < repeats; ++r) {  // r = -1 warms up
+      double ts = Time([&] { (void)tenant->Launch(launch); });
+      double tb = Time([&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A.data(), n, A.data(),
+                    n, 0.0f, C.data(), n);
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      double te = Time([&] { EC.noalias() = EA * EA; });
+      if (r < 0) continue;
+      server_t.push_back(ts);
+      blas_t.push_back(tb);
+      eigen_t.push_back(te);
+    }
+    double server_s = Percentile(server_t, 0.5);
+    double blas_s = Percentile(blas_t, 0.5), eigen_s = Percentile(eigen_t, 0.5);
+    double gflop = 2.0 * n * n * n / 1e9;
+    Row row = Rate("3", absl::StrCat("sgemm n=", n), gflop / server_s, "GFLOP/s",
+                   blas_s <= eigen_s ? "OpenBLAS" : "Eigen", gflop / std::min(blas_s, eigen_s),
+                   n >= 512 ? Goal::kAtLeast : Goal::kNone, 0.9);
+    row.note =
+        absl::StrFormat("OpenBLAS %.0f, Eigen %.0f GFLOP/s", gflop / blas_s, gflop / eigen_s);
+    env.report.Add(row);
+    (void)tenant->DeleteTensor(a->handle());
+    (void)tenant->DeleteTensor(c->handle());
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. Element-wise add and sum reduction on 64 MiB vs a plain multi-threaded loop.
+
+template <typename Body>
+void SplitOverCores(int cores, size_t n, Body body) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < cores; ++t) {
+    threads.emplace_back([&, t] { body(t, n * t / cores, n * (t + 1) / cores); });
+  }
+  for (auto& th : threads) th.join();
+}
+
+void Elementwise(Env& env) {
+  auto tenant = env.Tenant("elementwise", uint64_t{1} << 30);
+  const size_t n = (size_t{64} << 20) / sizeof(float);
+  const int reps = static_cast<int>(env.Pick(5, 15));
+  std::string bytes = RandomFloats(n);
+  auto a = tenant->Upload(Spec({static_cast<int64_t>(n)}), bytes);
+  auto b = tenant->Upload(Spec({static_cast<int64_t>(n)}), bytes);
+  auto c = tenant->CreateTensor(Spec({static_cast<int64_t>(n)}));
+  auto s = tenant->CreateTensor(Spec({}));
+  v1::LaunchRequest add = Binary("add", a->handle(), b->handle(), c->handle());
+  v1::LaunchRequest sum;
+  sum.set_kernel("sum");
+  sum.add_inputs(a->handle());
+  sum.add_outputs()->set_handle(s->handle());
+  sum.set_wait(true);
+  std::vector<float> A(n), B(n), C(n);
+  std::memcpy(A.data(), bytes.data(), bytes.size());
+  std::memcpy(B.data(), bytes.data(), bytes.size());
+  std::vector<double> partial(static_cast<size_t>(env.cores));
+  std::vector<double> add_t, add_loop_t, sum_t, sum_loop_t;
+  for (int r = -1; r < reps; ++r) {
+    double t1 = Time([&] { (void)tenant->Launch(add); });
+    double t2 = Time([&] {
+      SplitOverCores(env.cores, n, [&](int, size_t begin, size_t end) {
+        for (size_t i = begin; i < end; ++i) C[i] = A[i] + B[i];
+      });
+    });
+    double t3 = Time([&] { (void)tenant->Launch(sum); });
+    double t4 = Time([&] {
+      SplitOverCores(env.cores, n, [&](int t, size_t begin, size_t end) {
+        double acc = 0;
+        for (size_t i = begin; i < end; ++i) acc += A[i];
+        partial[static_cast<size_t>(t)] = acc;
+      });
+    });
+    if (r < 0) continue;
+    add_t.push_back(t1);
+    add_loop_t.push_back(t2);
+    sum_t.push_back(t3);
+    sum_loop_t.push_back(t4);
+  }
+  double add_gb = 3.0 * static_cast<double>(n * sizeof(float)) / 1e9;
+  double sum_gb = static_cast<double>(n * sizeof(float)) / 1e9;
+  std::string loop = absl::StrCat("plain ", env.cores, "-thread loop");
+  env.report.Add(Rate("4", "add 64 MiB (c = a + b)", add_gb / Percentile(add_t, 0.5), "GB/s", loop,
+                      add_gb / Percentile(add_loop_t, 0.5), Goal::kAtLeast, 0.8));
+  env.report.Add(Rate("4", "sum 64 MiB (all axes)", sum_gb / Percentile(sum_t, 0.5), "GB/s", loop,
+                      sum_gb / Percentile(sum_loop_t, 0.5), Goal::kAtLeast, 0.8));
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. A 10-step program vs 10 separate launches.
+
+void Programs(Env& env) {
+  auto tenant = env.Tenant("program", 64 << 20);
+  Operands ops = MakeOperands(*tenant, 1024, 10);
+  v1::LaunchRequest launch = Binary("add", ops.a, ops.b, ops.out[0]);
+  v1::SubmitRequest program;
+  program.set_wait(true);
+  for (int i = 0; i < 10; ++i) {
+    v1::ProgramStep* step = program.add_steps();
+    step->set_kernel("add");
+    step->add_inputs()->set_handle(ops.a);
+    step->add_inputs()->set_handle(ops.b);
+    step->add_outputs()->set_handle(ops.out[static_cast<size_t>(i)]);
+  }
+  const int calls = static_cast<int>(env.Pick(200, 1000));
+  std::vector<double> launch_t, program_t;
+  for (int i = -20; i < calls; ++i) {
+    double tl = Time([&] { (void)tenant->Launch(launch); });
+    double tp = Time([&] { (void)tenant->Submit(program); });
+    if (i < 0) continue;
+    launch_t.push_back(tl);
+    program_t.push_back(tp / 10);
+  }
+  env.report.Add(Latency("5", "10-step Submit (wait), per step, p50", Percentile(program_t, 0.5),
+                         "one Launch (wait)", Percentile(launch_t, 0.5), Goal::kAtMost, 0.3));
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. Scaling: 1, 4, 16 equal tenants saturating.
+
+constexpr int64_t kMediumOp = 1 << 20;  // add on 1 Mi f32 elements (4 MiB per tensor)
+
+struct Saturating {
+  std::vector<std::unique_ptr<Client>> tenants;
+  std::vector<Operands> ops;
+};
+
+Saturating MakeSaturating(Env& env, const std::string& prefix, const std::vector<uint32_t>& shares,
+                          int in_flight) {
+  Saturating s;
+  for (size_t i = 0; i < shares.size(); ++i) {
+    s.tenants.push_back(env.Tenant(absl::StrCat(prefix, i), 64 << 20, shares[i],
+                                   static_cast<uint32_t>(std::max(1, in_flight))));
+    s.ops.push_back(MakeOperands(*s.tenants.back(), kMediumOp, in_flight));
+  }
+  return s;
+}
+
+// Closed loop: worker w drives tenant w / in_flight on its own stream and output.
+LoadResult Saturate(Saturating& s, int in_flight, absl::Duration duration) {
+  int workers = static_cast<int>(s.tenants.size()) * in_flight;
+  std::vector<v1::LaunchRequest> requests;
+  for (int w = 0; w < workers; ++w) {
+    const Operands& ops = s.ops[static_cast<size_t>(w / in_flight)];
+    requests.push_back(Binary("add", ops.a, ops.b, ops.out[static_cast<size_t>(w % in_flight)],
+                              static_cast<uint32_t>(w % in_flight)));
+  }
+  return RunLoad({.workers = workers, .duration = duration}, [&](int w) {
+    return Succeeded(
+        s.tenants[static_cast<size_t>(w / in_flight)]->Launch(requests[static_cast<size_t>(w)]));
+  });
+}
+
+std::vector<double> PerTenantOps(const LoadResult& r, int tenants, int in_flight) {
+  std::vector<double> ops(static_cast<size_t>(tenants), 0);
+  for (size_t w = 0; w < r.latency.size(); ++w) {
+    ops[w / static_cast<size_t>(in_flight)] += static_cast<double>(r.latency[w].size());
+  }
+  return ops;
+}
+
+void Scaling(Env& env) {
+  const int in_flight = 2;
+  const absl::Duration window = absl::Seconds(env.Pick(1.5, 4));
+  double single = 0;
+  std::string dat = "# tenants aggregate_ops_per_s min_tenant max_tenant jain\n";
+  for (int n : {1, 4, 16}) {
+    Saturating s = MakeSaturating(env, absl::StrCat("scale", n, "-"),
+                                  std::vector<uint32_t>(static_cast<size_t>(n), 10), in_flight);
+    LoadResult r = Saturate(s, in_flight, window);
+    std::vector<double> per = PerTenantOps(r, n, in_flight);
+    double qps = r.Qps();
+    if (n == 1) single = qps;
+    double jain = JainIndex(per);
+    auto [lo, hi] = std::minmax_element(per.begin(), per.end());
+    dat +=
+        absl::StrFormat("%d %.1f %.1f %.1f %.4f\n", n, qps, *lo / r.seconds, *hi / r.seconds, jain);
+    if (n > 1) {
+      env.report.Add(Rate("6", absl::StrCat(n, " equal tenants: aggregate add 4 MiB ops/s"), qps,
+                          "ops/s", "1 tenant", single, Goal::kAtLeast, 0.9));
+      Row fairness{"6", absl::StrCat(n, " equal tenants: Jain index of per-tenant ops"), jain, ""};
+      fairness.baseline_name = "perfect";
+      fairness.baseline = 1.0;
+      fairness.ratio = jain;
+      fairness.goal = Goal::kAtLeast;
+      fairness.target = 0.95;
+      env.report.Add(fairness);
+    }
+    for (auto& t : s.tenants) (void)t->Synchronize();
+  }
+  WriteFile(env.out_dir + "/throughput_vs_tenants.dat", dat);
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Weighted shares 1:2:4 under saturation.
+
+void Shares(Env& env) {
+  const int in_flight = 4;
+  const std::vector<uint32_t> shares = {10, 20, 40};
+  Saturating s = MakeSaturating(env, "share-", shares, in_flight);
+  const double duration = env.Pick(2.5, 6);
+  std::vector<std::vector<double>> samples;  // t, busy seconds per tenant
+  std::atomic<bool> stop{false};
+  std::thread sampler([&] {
+    auto start = Clock::now();
+    while (!stop.load()) {
+      std::vector<double> row = {Seconds(Clock::now() - start)};
+      for (auto& t : s.tenants) {
+        auto usage = t->GetUsage();
+        row.push_back(usage.ok() ? static_cast<double>(usage->busy_time().seconds()) +
+                                       usage->busy_time().nanos() / 1e9
+                                 : 0);
+      }
+      samples.push_back(std::move(row));
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  });
+  (void)Saturate(s, in_flight, absl::Seconds(duration));
+  stop = true;
+  sampler.join();
+  for (auto& t : s.tenants) (void)t->Synchronize();
+  // The steady window: from 0.5 s to the last sample taken while every tenant still ran.
+  size_t first = 0, last = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (samples[i][0] < 0.5) first = i;
+    if (samples[i][0] <= duration - 0.1) last = i;
+  }
+  std::string dat = "# t_s share_1 share_2 share_4 (busy-time share in each 250 ms interval)\n";
+  for (size_t i = 1; i < samples.size(); ++i) {
+    double total = 0;
+    std::vector<double> d;
+    for (size_t k = 1; k < samples[i].size(); ++k) {
+      d.push_back(samples[i][k] - samples[i - 1][k]);
+      total += d.back();
+    }
+    if (total <= 0) continue;
+    dat += absl::StrFormat("%.2f %.4f %.4f %.4f\n", samples[i][0], d[0] / total, d[1] / total,
+                           d[2] / total);
+  }
+  WriteFile(env.out_dir + "/fairness_over_time.dat", dat);
+  if (last <= first) {
+    env.report.Skip("7", "too few usage samples (the machine is overloaded)");
+    return;
+  }
+  double total = 0;
+  std::vector<double> busy;
+  for (size_t k = 1; k < samples[last].size(); ++k) {
+    busy.push_back(samples[last][k] - samples[first][k]);
+    total += busy.back();
+  }
+  const double weights_total = 7.0;
+  const double weight[] = {1, 2, 4};
+  for (size_t k = 0; k < busy.size(); ++k) {
+    double expected = weight[k] / weights_total;
+    double achieved = total > 0 ? busy[k] / total : 0;
+    Row row{"7", absl::StrFormat("busy-time share, weight %.0f of 1:2:4", weight[k]),
+            achieved * 100, "%"};
+    row.baseline_name = "expected";
+    row.baseline = expected * 100;
+    row.ratio = achieved / expected;
+    // Within 10 %: the ratio in [0.9, 1.1]; the row carries the nearer bound.
+    row.goal = row.ratio < 1 ? Goal::kAtLeast : Goal::kAtMost;
+    row.target = row.ratio < 1 ? 0.9 : 1.1;
+    env.report.Add(row);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. Noisy neighbour: a quiet tenant's tiny-op p99, alone vs beside 4 saturating tenants.
+
+void Noisy(Env& env) {
+  auto quiet = env.Tenant("quiet", 64 << 20);
+  Operands ops = MakeOperands(*quiet, 1024, 1);
+  v1::LaunchRequest launch = Binary("add", ops.a, ops.b, ops.out[0]);
+  const int calls = static_cast<int>(env.Pick(300, 1500));
+  auto measure = [&] {
+    std::vector<double> t;
+    for (int i = 0; i < calls; ++i) t.push_back(Time([&] { (void)quiet->Launch(launch); }));
+    return t;
+  };
+  for (int i = 0; i < 50; ++i) (void)quiet->Launch(launch);
+  std::vector<double> alone = measure();
+  const int in_flight = 2;
+  Saturating noisy = MakeSaturating(env, "noisy-", {10, 10, 10, 10}, in_flight);
+  std::atomic<bool> done{false};
+  std::vector<double> beside;
+  std::thread probe([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the load build
+    beside = measure();
+    done = true;
+  });
+  // Saturate in slices until the probe is done (bounded: at most 120 s).
+  for (int slice = 0; slice < 240 && !done.load(); ++slice) {
+    (void)Saturate(noisy, in_flight, absl::Milliseconds(500));
+  }
+  probe.join();
+  for (auto& t : noisy.tenants) (void)t->Synchronize();
+  env.report.Add(Latency("8", "quiet tenant 4 KiB add p99, beside 4 saturating tenants",
+                         Percentile(beside, 0.99), "alone", Percentile(alone, 0.99), Goal::kAtMost,
+                         1.5));
+  env.report.Add(Latency("8", "quiet tenant 4 KiB add p50, beside 4 saturating tenants",
+                         Percentile(beside, 0.5), "alone", Percentile(alone, 0.5)));
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. Registration cold start: RegisterTenant to the first completed kernel.
+
+void ColdStart(Env& env) {
+  const int reps = static_cast<int>(env.Pick(5, 20));
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    std::string id = absl::StrCat("cold", i);
+    t.push_back(Time([&] {
+      auto tenant = env.Tenant(id, 64 << 20);
+      v1::LaunchRequest fill;
+      fill.set_kernel("fill");
+      *fill.add_outputs()->mutable_create() = Spec({1024});
+      fill.set_wait(true);
+      (void)tenant->Launch(fill);
+    }));
+    (void)env.admin->DeregisterTenant(id);
+    env.registered.pop_back();
+  }
+  Row p50{"9", "RegisterTenant → first completed kernel, p50", Percentile(t, 0.5) * 1e3, "ms"};
+  Row p99{"9", "RegisterTenant → first completed kernel, p99", Percentile(t, 0.99) * 1e3, "ms"};
+  p50.note = p99.note = "connect, register, launch fill with wait";
+  env.report.Add(p50);
+  env.report.Add(p99);
+}
+
+// ---------------------------------------------------------------------------------------
+// 10. GPU scenarios: with the CUDA backend only.
+
+void Gpu(Env& env) {
+  auto info = env.admin->GetServerInfo();
+  std::string backend = info.ok() ? info->backend() : "unknown";
+  if (backend != "cuda") {
+    env.report.Skip(
+        "10",
+        absl::StrCat("GPU scenarios (matmul vs cuBLAS, elementwise vs a "
+                     "device-to-device copy, MPS vs fallback at 16 tenants) "
+                     "need the CUDA backend; this server's backend is ",
+                     backend, info.ok() ? absl::StrCat(" (", info->backend_reason(), ")") : ""));
+    return;
+  }
+  env.report.Skip("10", "the CUDA backend is serving, but this suite has no GPU scenarios yet");
+}
+
+// ---------------------------------------------------------------------------------------
+
+std::string MachineDescription(int cores) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, model = "unknown CPU";
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return absl::StrCat(cores, " cores, ", model);
+}
+
+constexpr char kBegin[] = "<!-- results:begin (written by tessera_bench --doc) -->";
+constexpr char kEnd[] = "<!-- results:end -->";
+
+bool UpdateDoc(const std::string& path, const std::string& section) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::string doc = buffer.str();
+  size_t begin = doc.find(kBegin), end = doc.find(kEnd);
+  if (begin == std::string::npos || end == std::string::npos || end < begin) return false;
+  begin += std::strlen(kBegin);
+  doc = doc.substr(0, begin) + "\n" + section + doc.substr(end);
+  return WriteFile(path, doc);
+}
+
+int Main(int argc, char** argv) {
+  Env env;
+  env.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  env.out_dir = "docs/benchmarks";
+  env.backend = "cpu";
+  std::string doc;
+  std::set<std::string> only;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--quick") {
+      env.quick = true;
+    } else if (arg.rfind("--backend=", 0) == 0) {
+      env.backend = arg.substr(10);
+    } else if (arg.rfind("--out=", 0) == 0) {
+      env.out_dir = arg.substr(6);
+    } else if (arg.rfind("--doc=", 0) == 0) {
+      doc = arg.substr(6);
+    } else if (arg.rfind("--only=", 0) == 0) {
+      for (absl::string_view s : absl::StrSplit(arg.substr(7), ',')) only.emplace(s);
+    } else {
+      std::fprintf(stderr,
+                   "usage: tessera_bench [--quick] [--backend=cpu|cuda|auto] [--out=DIR] "
+                   "[--doc=FILE] [--only=tiny,stream,gemm,elementwise,program,scaling,shares,"
+                   "noisy,cold,gpu]\n");
+      return 2;
+    }
+  }
+  std::filesystem::create_directories(env.out_dir);
+
+  testing::TempDir dir;
+  auto server =
+      testing::ServerProcess::Start({.state_dir = dir.File("var"),
+                                     .args = {absl::StrCat("--backend=", env.backend),
+                                              "--log_level=warn", "--cpu_memory_bytes=8GiB"}});
+  if (!server.ok()) {
+    std::fprintf(stderr, "tessera-server: %s\n", std::string(server.status().message()).c_str());
+    return 1;
+  }
+  env.server = *std::move(server);
+  testing::ServerProcess::Options echo_options;
+  echo_options.binary = "/proc/self/exe";
+  echo_options.args = {"--echo_server"};
+  auto echo = testing::ServerProcess::Start(echo_options);
+  if (!echo.ok()) {
+    std::fprintf(stderr, "echo server: %s\n", std::string(echo.status().message()).c_str());
+    return 1;
+  }
+  env.echo_process = *std::move(echo);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  env.echo = Echo::NewStub(grpc::CreateCustomChannel(env.echo_process->address(),
+                                                     grpc::InsecureChannelCredentials(), args));
+  env.admin =
+      *Client::Connect({.address = env.server->address(), .token = env.server->AdminToken()});
+
+  const std::vector<std::pair<std::string, void (*)(Env&)>> scenarios = {
+      {"tiny", TinyOp},      {"stream", Streams},  {"gemm", Gemm},     {"elementwise", Elementwise},
+      {"program", Programs}, {"scaling", Scaling}, {"shares", Shares}, {"noisy", Noisy},
+      {"cold", ColdStart},   {"gpu", Gpu}};
+  std::printf("| # | figure | Tessera | baseline (same run) | ratio | target | |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const auto& [name, run] : scenarios) {
+    if (only.empty() || only.count(name) > 0) {
+      run(env);
+      env.DropTenants();
+    }
+  }
+
+  std::string machine = MachineDescription(env.cores);
+  std::string header =
+      absl::StrCat("Run ", absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone()), " on ",
+                   machine, ", backend ", env.backend, env.quick ? ", --quick" : "", "; ",
+                   env.report.Missed(), " target(s) missed.\n\n");
+  std::string md = env.report.Markdown(header);
+  WriteFile(env.out_dir + "/results.md", md);
+  WriteFile(env.out_dir + "/results.json", env.report.Json(machine, env.backend, env.quick));
+  if (!doc.empty()) {
+    std::string section = md +
+                          "\n![latency vs load](benchmarks/latency_vs_load.png)\n"
+                          "![throughput vs tenants](benchmarks/throughput_vs_tenants.png)\n"
+                          "![fairness over time](benchmarks/fairness_over_time.png)\n\n";
+    if (!UpdateDoc(doc, section)) {
+      std::fprintf(stderr, "%s: no results markers to replace\n", doc.c_str());
+      return 1;
+    }
+  }
+  (void)env.echo_process->Stop(SIGTERM);
+  (void)env.server->Stop(SIGTERM);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessera::bench
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--echo_server") return tessera::bench::EchoServerMain();
+  return tessera::bench::Main(argc, argv);
+}
