@@ -16,7 +16,7 @@ plot dir."/latency_vs_load.dat" using 1:2 with linespoints title "echo p50", \
 unset logscale y
 
 set output dir."/throughput_vs_tenants.png"
-set title "Equal tenants saturating (add 4 MiB, 2 in flight each)"
+set title "Equal tenants saturating (matmul n=256, 2 in flight each)"
 set xlabel "tenants"
 set ylabel "ops/s"
 set logscale x 2
