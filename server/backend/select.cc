@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "server/backend/cpu/cpu_backend.h"
+#include "server/backend/mps_probe.h"
 
 namespace tessera {
 namespace {
@@ -26,9 +27,9 @@ absl::StatusOr<BackendChoice> SelectBackend(const BackendOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend=", options.backend, ": allowed values are auto, cpu, cuda"));
   }
-  if (options.mps != "auto" && options.mps != "require" && options.mps != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--mps=", options.mps, ": allowed values are auto, require, off"));
+  if (absl::Status mode = DecideMps(options.mps, MpsProbe{}).status();
+      absl::IsInvalidArgument(mode)) {
+    return mode;
   }
 
   std::string reason;

@@ -1,0 +1,75 @@
+#include "server/backend/mps_probe.h"
+
+#include <cerrno>
+#include <fstream>
+#include <string>
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace tessera {
+
+MpsProbe ProbeMps(const char* pipe_directory_env) {
+  MpsProbe probe;
+  probe.pipe_directory = pipe_directory_env != nullptr && pipe_directory_env[0] != '\0'
+                             ? pipe_directory_env
+                             : kDefaultMpsPipeDirectory;
+  const std::string where = absl::StrCat("pipe directory ", probe.pipe_directory);
+  struct stat st {};
+  if (stat(probe.pipe_directory.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    probe.summary = absl::StrCat("no MPS control daemon: ", where, " does not exist");
+    return probe;
+  }
+  probe.directory_found = true;
+  const std::string pid_path = absl::StrCat(probe.pipe_directory, "/", kMpsControlPidFile);
+  std::ifstream in(pid_path);
+  if (!in) {
+    probe.summary = absl::StrCat("no MPS control daemon: ", where, " has no ", kMpsControlPidFile);
+    return probe;
+  }
+  std::string text;
+  std::getline(in, text);
+  int pid = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &pid) || pid <= 0) {
+    probe.summary = absl::StrCat("no MPS control daemon: ", pid_path, " does not hold a pid");
+    return probe;
+  }
+  probe.daemon_pid = static_cast<pid_t>(pid);
+  if (kill(static_cast<pid_t>(pid), 0) == 0) {
+    probe.daemon_running = true;
+    probe.summary = absl::StrCat("MPS control daemon running (pid ", pid, ", ", where, ")");
+  } else if (errno == EPERM) {
+    probe.daemon_running = true;
+    probe.daemon_other_user = true;
+    probe.summary = absl::StrCat("MPS control daemon pid ", pid, " (", where,
+                                 ") belongs to another user; run tessera-server as the MPS "
+                                 "user, or the daemon in multi-user mode");
+  } else {
+    probe.summary = absl::StrCat("no MPS control daemon: pid ", pid, " from ", pid_path,
+                                 " is not running (a stale pid file)");
+  }
+  return probe;
+}
+
+absl::StatusOr<MpsChoice> DecideMps(absl::string_view mode, const MpsProbe& probe) {
+  if (mode != "auto" && mode != "require" && mode != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mps=", mode, ": allowed values are auto, require, off"));
+  }
+  if (mode == "off") return MpsChoice{MpsDecision::kFallback, "--mps=off"};
+  const bool usable = probe.daemon_running && !probe.daemon_other_user;
+  if (usable)
+    return MpsChoice{MpsDecision::kMps, absl::StrCat("--mps=", mode, ": ", probe.summary)};
+  if (mode == "require") {
+    return absl::FailedPreconditionError(absl::StrCat("--mps=require: ", probe.summary,
+                                                      "; start nvidia-cuda-mps-control -d as "
+                                                      "this user, or use --mps=auto"));
+  }
+  return MpsChoice{MpsDecision::kFallback, absl::StrCat("--mps=auto: ", probe.summary)};
+}
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+#ifndef TESSERA_SERVER_BACKEND_MPS_PROBE_H_
+#define TESSERA_SERVER_BACKEND_MPS_PROBE_H_
+
+#include <optional>
+#include <string>
+
+#include <sys/types.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+#include "server/backend/backend.h"
+
+namespace tessera {
+
+/// The MPS pipe directory when CUDA_MPS_PIPE_DIRECTORY is unset (NVIDIA's MPS guide).
+inline constexpr char kDefaultMpsPipeDirectory[] = "/tmp/nvidia-mps";
+/// The control daemon writes its pid here, inside the pipe directory.
+inline constexpr char kMpsControlPidFile[] = "nvidia-cuda-mps-control.pid";
+
+/// What the host says about an MPS control daemon, before asking the daemon itself.
+struct MpsProbe {
+  /// CUDA_MPS_PIPE_DIRECTORY when set and non-empty, else /tmp/nvidia-mps.
+  std::string pipe_directory;
+  bool directory_found = false;
+  /// From the pid file, when it holds a positive number.
+  std::optional<pid_t> daemon_pid;
+  /// The pid is a live process.
+  bool daemon_running = false;
+  /// It is alive but belongs to another user (kill(pid, 0) is EPERM): this server is then
+  /// not the MPS user and cannot be its client.
+  bool daemon_other_user = false;
+  /// One line saying what was found, for decisions, logs and GetServerInfo.
+  std::string summary;
+};
+
+/// Looks at `pipe_directory_env` (the value of CUDA_MPS_PIPE_DIRECTORY; nullptr when unset)
+/// or the default, and at the control daemon's pid file there.
+MpsProbe ProbeMps(const char* pipe_directory_env);
+
+/// The decision for `--mps=mode` ("auto", "require", "off") on a CUDA host given `probe`:
+/// MPS when a daemon of this user runs and the mode allows it, FALLBACK otherwise, each
+/// with its reason. `require` without a usable daemon is FAILED_PRECONDITION naming what is
+/// missing; an unknown mode is INVALID_ARGUMENT.
+struct MpsChoice {
+  MpsDecision decision = MpsDecision::kFallback;
+  std::string reason;
+};
+absl::StatusOr<MpsChoice> DecideMps(absl::string_view mode, const MpsProbe& probe);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_BACKEND_MPS_PROBE_H_

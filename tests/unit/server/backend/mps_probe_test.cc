@@ -1,0 +1,115 @@
+#include "server/backend/mps_probe.h"
+
+#include <fstream>
+#include <string>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+#include "tests/testing/temp_dir.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+void WritePidFile(const std::string& dir, const std::string& text) {
+  std::ofstream(dir + "/" + kMpsControlPidFile) << text;
+}
+
+// A pid that certainly is not running: a child that has exited and been reaped.
+pid_t DeadPid() {
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status = 0;
+  waitpid(child, &status, 0);
+  return child;
+}
+
+TEST(MpsProbeTest, HonoursThePipeDirectoryVariableBeforeTheDefault) {
+  testing::TempDir dir;
+  EXPECT_EQ(ProbeMps(dir.path().c_str()).pipe_directory, dir.path());
+  EXPECT_EQ(ProbeMps(nullptr).pipe_directory, kDefaultMpsPipeDirectory);
+  EXPECT_EQ(ProbeMps("").pipe_directory, kDefaultMpsPipeDirectory);
+}
+
+TEST(MpsProbeTest, MissingDirectoryOrPidFileMeansNoDaemon) {
+  testing::TempDir dir;
+  MpsProbe missing = ProbeMps(dir.File("absent").c_str());
+  EXPECT_FALSE(missing.directory_found);
+  EXPECT_FALSE(missing.daemon_running);
+  EXPECT_THAT(missing.summary, HasSubstr("does not exist"));
+
+  MpsProbe no_pid = ProbeMps(dir.path().c_str());
+  EXPECT_TRUE(no_pid.directory_found);
+  EXPECT_FALSE(no_pid.daemon_running);
+  EXPECT_THAT(no_pid.summary, HasSubstr(kMpsControlPidFile));
+}
+
+TEST(MpsProbeTest, ReadsTheDaemonPidAndChecksItIsAlive) {
+  testing::TempDir dir;
+  WritePidFile(dir.path(), std::to_string(getpid()) + "\n");
+  MpsProbe alive = ProbeMps(dir.path().c_str());
+  ASSERT_TRUE(alive.daemon_pid.has_value());
+  EXPECT_EQ(*alive.daemon_pid, getpid());
+  EXPECT_TRUE(alive.daemon_running);
+  EXPECT_FALSE(alive.daemon_other_user);
+  EXPECT_THAT(alive.summary, HasSubstr("running"));
+
+  pid_t dead = DeadPid();
+  WritePidFile(dir.path(), std::to_string(dead));
+  MpsProbe stale = ProbeMps(dir.path().c_str());
+  EXPECT_EQ(stale.daemon_pid, dead);
+  EXPECT_FALSE(stale.daemon_running);
+  EXPECT_THAT(stale.summary, HasSubstr("stale pid file"));
+
+  for (const char* junk : {"", "abc", "-5", "0", "12x"}) {
+    WritePidFile(dir.path(), junk);
+    MpsProbe bad = ProbeMps(dir.path().c_str());
+    EXPECT_FALSE(bad.daemon_pid.has_value()) << junk;
+    EXPECT_FALSE(bad.daemon_running) << junk;
+    EXPECT_THAT(bad.summary, HasSubstr("does not hold a pid")) << junk;
+  }
+}
+
+// The decision table: mode × what the probe found.
+TEST(MpsProbeTest, DecisionTable) {
+  MpsProbe none{.pipe_directory = "/d", .summary = "no MPS control daemon: x"};
+  MpsProbe running{.pipe_directory = "/d",
+                   .directory_found = true,
+                   .daemon_pid = 42,
+                   .daemon_running = true,
+                   .summary = "MPS control daemon running (pid 42)"};
+  MpsProbe foreign = running;
+  foreign.daemon_other_user = true;
+  foreign.summary = "belongs to another user";
+
+  EXPECT_EQ(DecideMps("auto", running)->decision, MpsDecision::kMps);
+  EXPECT_EQ(DecideMps("require", running)->decision, MpsDecision::kMps);
+  EXPECT_THAT(DecideMps("auto", running)->reason, HasSubstr("pid 42"));
+
+  EXPECT_EQ(DecideMps("auto", none)->decision, MpsDecision::kFallback);
+  EXPECT_THAT(DecideMps("auto", none)->reason, HasSubstr("--mps=auto: no MPS control daemon"));
+  EXPECT_EQ(DecideMps("auto", foreign)->decision, MpsDecision::kFallback);
+  EXPECT_THAT(DecideMps("auto", foreign)->reason, HasSubstr("another user"));
+
+  for (const MpsProbe& p : {none, running, foreign}) {
+    EXPECT_EQ(DecideMps("off", p)->decision, MpsDecision::kFallback);
+    EXPECT_EQ(DecideMps("off", p)->reason, "--mps=off");
+  }
+
+  absl::Status refused = DecideMps("require", none).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("--mps=require: no MPS control daemon"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(DecideMps("require", foreign).status()));
+
+  absl::Status bad = DecideMps("sometimes", running).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
+  EXPECT_THAT(bad.message(), HasSubstr("--mps=sometimes"));
+}
+
+}  // namespace
+}  // namespace tessera
