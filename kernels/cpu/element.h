@@ -12,20 +12,18 @@ namespace tessera::kernels::cpu {
 
 template <DType D>
 struct Elem;
-template <>
-struct Elem<DType::kF32> {
-  using Storage = float;
-  using Compute = float;
+// A dtype stored and computed as the same C++ type.
+template <typename T>
+struct PlainElem {
+  using Storage = T;
+  using Compute = T;
   static Compute Load(Storage s) { return s; }
   static Storage Store(Compute c) { return c; }
 };
 template <>
-struct Elem<DType::kF64> {
-  using Storage = double;
-  using Compute = double;
-  static Compute Load(Storage s) { return s; }
-  static Storage Store(Compute c) { return c; }
-};
+struct Elem<DType::kF32> : PlainElem<float> {};
+template <>
+struct Elem<DType::kF64> : PlainElem<double> {};
 template <>
 struct Elem<DType::kF16> {
   using Storage = uint16_t;
@@ -41,26 +39,11 @@ struct Elem<DType::kBF16> {
   static Storage Store(Compute c) { return F32ToBF16(c); }
 };
 template <>
-struct Elem<DType::kI32> {
-  using Storage = int32_t;
-  using Compute = int32_t;
-  static Compute Load(Storage s) { return s; }
-  static Storage Store(Compute c) { return c; }
-};
+struct Elem<DType::kI32> : PlainElem<int32_t> {};
 template <>
-struct Elem<DType::kI64> {
-  using Storage = int64_t;
-  using Compute = int64_t;
-  static Compute Load(Storage s) { return s; }
-  static Storage Store(Compute c) { return c; }
-};
+struct Elem<DType::kI64> : PlainElem<int64_t> {};
 template <>
-struct Elem<DType::kU8> {
-  using Storage = uint8_t;
-  using Compute = uint8_t;
-  static Compute Load(Storage s) { return s; }
-  static Storage Store(Compute c) { return c; }
-};
+struct Elem<DType::kU8> : PlainElem<uint8_t> {};
 template <>
 struct Elem<DType::kBool> {
   using Storage = uint8_t;

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
+#include "server/common/status_macros.h"
+
 namespace tessera {
 
 MpsProbe ProbeMps(const char* pipe_directory_env) {
@@ -55,15 +57,19 @@ MpsProbe ProbeMps(const char* pipe_directory_env) {
   return probe;
 }
 
+absl::Status CheckMpsMode(absl::string_view mode) {
+  if (mode == "auto" || mode == "require" || mode == "off") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--mps=", mode, ": allowed values are auto, require, off"));
+}
+
 absl::StatusOr<MpsChoice> DecideMps(absl::string_view mode, const MpsProbe& probe) {
-  if (mode != "auto" && mode != "require" && mode != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--mps=", mode, ": allowed values are auto, require, off"));
-  }
+  RETURN_IF_ERROR(CheckMpsMode(mode));
   if (mode == "off") return MpsChoice{MpsDecision::kFallback, "--mps=off"};
   const bool usable = probe.daemon_running && !probe.daemon_other_user;
-  if (usable)
+  if (usable) {
     return MpsChoice{MpsDecision::kMps, absl::StrCat("--mps=", mode, ": ", probe.summary)};
+  }
   if (mode == "require") {
     return absl::FailedPreconditionError(absl::StrCat("--mps=require: ", probe.summary,
                                                       "; start nvidia-cuda-mps-control -d as "

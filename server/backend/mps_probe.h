@@ -38,6 +38,9 @@ struct MpsProbe {
 /// or the default, and at the control daemon's pid file there.
 MpsProbe ProbeMps(const char* pipe_directory_env);
 
+/// INVALID_ARGUMENT naming the flag unless `mode` is "auto", "require" or "off".
+absl::Status CheckMpsMode(absl::string_view mode);
+
 /// The decision for `--mps=mode` ("auto", "require", "off") on a CUDA host given `probe`:
 /// MPS when a daemon of this user runs and the mode allows it, FALLBACK otherwise, each
 /// with its reason. `require` without a usable daemon is FAILED_PRECONDITION naming what is

@@ -27,10 +27,7 @@ absl::StatusOr<BackendChoice> SelectBackend(const BackendOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend=", options.backend, ": allowed values are auto, cpu, cuda"));
   }
-  if (absl::Status mode = DecideMps(options.mps, MpsProbe{}).status();
-      absl::IsInvalidArgument(mode)) {
-    return mode;
-  }
+  if (absl::Status mode = CheckMpsMode(options.mps); !mode.ok()) return mode;
 
   std::string reason;
   if (options.backend == "cpu") {

@@ -39,11 +39,10 @@ LoadResult RunLoad(const LoadOptions& options, const Call& call) {
   const double duration = absl::ToDoubleSeconds(options.duration);
   LoadResult result;
   result.latency.resize(static_cast<size_t>(workers));
-  result.completed_at.resize(static_cast<size_t>(workers));
   result.errors.assign(static_cast<size_t>(workers), 0);
   std::atomic<int64_t> started{0};
   std::atomic<int64_t> next_arrival{0};
-  std::atomic<int64_t> last_done_ns{0};
+  std::vector<double> last_end(static_cast<size_t>(workers), 0);  // each written by its worker
   const Clock::time_point start = Clock::now();
   auto body = [&](int w) {
     for (;;) {
@@ -64,20 +63,16 @@ LoadResult RunLoad(const LoadOptions& options, const Call& call) {
       Clock::time_point end = Clock::now();
       if (ok) {
         result.latency[static_cast<size_t>(w)].push_back(Since(scheduled, end));
-        result.completed_at[static_cast<size_t>(w)].push_back(Since(start, end));
       } else {
         result.errors[static_cast<size_t>(w)]++;
       }
-      int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count();
-      int64_t seen = last_done_ns.load();
-      while (ns > seen && !last_done_ns.compare_exchange_weak(seen, ns)) {
-      }
+      last_end[static_cast<size_t>(w)] = Since(start, end);
     }
   };
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) threads.emplace_back(body, w);
   for (std::thread& t : threads) t.join();
-  result.seconds = static_cast<double>(last_done_ns.load()) / 1e9;
+  result.seconds = *std::max_element(last_end.begin(), last_end.end());
   return result;
 }
 

@@ -30,8 +30,6 @@ struct LoadOptions {
 struct LoadResult {
   /// Per worker: latency of each successful call, seconds, in completion order.
   std::vector<std::vector<double>> latency;
-  /// Per worker: completion time of each successful call, seconds from the start.
-  std::vector<std::vector<double>> completed_at;
   std::vector<int64_t> errors;
   double seconds = 0;  // wall time from the start to the last completion
 
