@@ -314,43 +314,6 @@ void BinaryDispatch(BinaryOp op, const BroadcastGeometry& g, const void* a, cons
 
 }  // namespace
 
-BroadcastGeometry MakeBroadcast(const Shape& out, const std::vector<Shape>& ins) {
-  const size_t rank = out.size();
-  BroadcastGeometry g;
-  std::vector<std::vector<int64_t>> strides;
-  for (const Shape& in : ins) {
-    std::vector<int64_t> s(rank, 0);
-    int64_t stride = 1;
-    for (size_t i = in.size(); i-- > 0;) {
-      size_t d = rank - in.size() + i;
-      s[d] = in[i] == 1 && out[d] != 1 ? 0 : stride;
-      stride *= in[i];
-    }
-    strides.push_back(std::move(s));
-  }
-  // Drop size-1 dimensions, then merge neighbours that every operand walks contiguously.
-  g.strides.resize(ins.size());
-  for (size_t d = 0; d < rank; ++d) {
-    if (out[d] == 1) continue;
-    bool merge = !g.shape.empty();
-    for (size_t k = 0; merge && k < ins.size(); ++k) {
-      merge = g.strides[k].back() == strides[k][d] * out[d];
-    }
-    if (merge) {
-      g.shape.back() *= out[d];
-      for (size_t k = 0; k < ins.size(); ++k) g.strides[k].back() = strides[k][d];
-    } else {
-      g.shape.push_back(out[d]);
-      for (size_t k = 0; k < ins.size(); ++k) g.strides[k].push_back(strides[k][d]);
-    }
-  }
-  if (g.shape.empty()) {  // a scalar result
-    g.shape.push_back(1);
-    for (auto& s : g.strides) s.push_back(0);
-  }
-  return g;
-}
-
 void RunFill(const Plan& plan, void* out, Parallel& parallel) {
   const TensorMeta& meta = plan.outputs[0];
   double value = AttrFloat(plan.attrs, "value");

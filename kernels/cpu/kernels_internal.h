@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
+#include "kernels/geometry.h"
 #include "kernels/registry.h"
 
 namespace tessera::kernels::cpu {
@@ -12,14 +13,6 @@ namespace tessera::kernels::cpu {
 enum class UnaryOp { kNeg, kAbs, kRelu, kExp, kLog, kSqrt, kRsqrt, kGelu, kSigmoid, kTanh, kScale };
 enum class BinaryOp { kAdd, kSub, kMul, kDiv, kMaximum, kMinimum, kPow };
 enum class ReduceOp { kSum, kMean, kMax, kMin };
-
-/// An output shape with size-1 dimensions dropped and contiguous neighbours merged, and each
-/// input's element strides over it (0 where the input broadcasts). Never empty.
-struct BroadcastGeometry {
-  std::vector<int64_t> shape;
-  std::vector<std::vector<int64_t>> strides;  // one per input
-};
-BroadcastGeometry MakeBroadcast(const Shape& out, const std::vector<Shape>& ins);
 
 void RunFill(const Plan& plan, void* out, Parallel& parallel);
 void RunCopy(const Plan& plan, const void* in, void* out, Parallel& parallel);

@@ -11,61 +11,6 @@
 namespace tessera::kernels::cpu {
 namespace {
 
-struct MatmulGeometry {
-  int64_t m = 0, n = 0, k = 0;
-  bool ta = false, tb = false;
-  int64_t lda = 0, ldb = 0;
-  Shape batch;                              // broadcast batch shape
-  std::vector<int64_t> a_offset, b_offset;  // per batch, in elements
-};
-
-MatmulGeometry MakeGeometry(const Plan& plan) {
-  MatmulGeometry g;
-  const Shape& a = plan.inputs[0].shape;
-  const Shape& b = plan.inputs[1].shape;
-  const Shape& y = plan.outputs[0].shape;
-  g.ta = AttrBool(plan.attrs, "transpose_a");
-  g.tb = AttrBool(plan.attrs, "transpose_b");
-  g.m = y[y.size() - 2];
-  g.n = y[y.size() - 1];
-  g.k = g.ta ? a[a.size() - 2] : a[a.size() - 1];
-  g.lda = a[a.size() - 1];
-  g.ldb = b[b.size() - 1];
-  g.batch.assign(y.begin(), y.end() - 2);
-  Shape a_batch(a.begin(), a.end() - 2);
-  Shape b_batch(b.begin(), b.end() - 2);
-  const int64_t a_matrix = a[a.size() - 2] * a[a.size() - 1];
-  const int64_t b_matrix = b[b.size() - 2] * b[b.size() - 1];
-  const int64_t batches = CheckedNumElements(g.batch);
-  g.a_offset.resize(batches);
-  g.b_offset.resize(batches);
-  // Offsets of each broadcast batch into a and b (stride 0 where a batch dim is 1).
-  std::vector<int64_t> a_strides(g.batch.size(), 0), b_strides(g.batch.size(), 0);
-  int64_t sa = a_matrix, sb = b_matrix;
-  for (size_t i = a_batch.size(); i-- > 0;) {
-    size_t d = g.batch.size() - a_batch.size() + i;
-    a_strides[d] = a_batch[i] == 1 ? 0 : sa;
-    sa *= a_batch[i];
-  }
-  for (size_t i = b_batch.size(); i-- > 0;) {
-    size_t d = g.batch.size() - b_batch.size() + i;
-    b_strides[d] = b_batch[i] == 1 ? 0 : sb;
-    sb *= b_batch[i];
-  }
-  for (int64_t t = 0; t < batches; ++t) {
-    int64_t rest = t, oa = 0, ob = 0;
-    for (size_t d = g.batch.size(); d-- > 0;) {
-      int64_t idx = rest % g.batch[d];
-      rest /= g.batch[d];
-      oa += idx * a_strides[d];
-      ob += idx * b_strides[d];
-    }
-    g.a_offset[t] = oa;
-    g.b_offset[t] = ob;
-  }
-  return g;
-}
-
 template <typename T>
 void Gemm(const MatmulGeometry& g, const T* a, const T* b, T* c, int64_t rows, T alpha, T beta) {
   const auto ta = g.ta ? CblasTrans : CblasNoTrans;
@@ -115,7 +60,7 @@ void MatmulTyped(const MatmulGeometry& g, const T* a, const T* b, T* y, double a
 }  // namespace
 
 void RunMatmul(const Plan& plan, const void* a, const void* b, void* out, Parallel& parallel) {
-  MatmulGeometry g = MakeGeometry(plan);
+  MatmulGeometry g = MakeMatmulGeometry(plan);
   if (g.m == 0 || g.n == 0 || g.a_offset.empty()) return;
   const double alpha = AttrFloat(plan.attrs, "alpha");
   const double beta = AttrFloat(plan.attrs, "beta");

@@ -9,38 +9,6 @@
 namespace tessera::kernels::cpu {
 namespace {
 
-// Input dimensions split into kept and reduced ones (size-1 dimensions dropped, runs of
-// the same kind merged), with element strides into the contiguous input.
-struct ReduceGeometry {
-  std::vector<int64_t> kept_shape, kept_strides;
-  std::vector<int64_t> reduced_shape, reduced_strides;
-  int64_t kept_count = 1;
-  int64_t reduced_count = 1;
-};
-
-ReduceGeometry MakeReduceGeometry(const Shape& shape, const std::vector<bool>& reduced) {
-  ReduceGeometry g;
-  std::vector<int64_t> strides = ContiguousStrides(shape);
-  int last_kind = -1;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    int kind = reduced[d] ? 1 : 0;
-    auto& s = kind ? g.reduced_shape : g.kept_shape;
-    auto& st = kind ? g.reduced_strides : g.kept_strides;
-    if (kind == last_kind) {  // contiguous with the previous dimension of the same kind
-      s.back() *= shape[d];
-      st.back() = strides[d];
-    } else {
-      s.push_back(shape[d]);
-      st.push_back(strides[d]);
-    }
-    last_kind = kind;
-  }
-  for (int64_t d : g.kept_shape) g.kept_count *= d;
-  for (int64_t d : g.reduced_shape) g.reduced_count *= d;
-  return g;
-}
-
 template <DType D, ReduceOp Op>
 struct Reducer {
   using C = typename Elem<D>::Compute;
@@ -148,14 +116,7 @@ void Reduce(const Plan& plan, const void* in, void* out, Parallel& parallel) {
   using R = Reducer<D, Op>;
   using OutS = std::conditional_t<R::kSumLike && !kIsFloat<D>, int64_t, typename Elem<D>::Storage>;
   const Shape& shape = plan.inputs[0].shape;
-  std::vector<bool> reduced(shape.size(), false);
-  const std::vector<int64_t>& axes = AttrInts(plan.attrs, "axes");
-  if (axes.empty()) {
-    reduced.assign(shape.size(), true);
-  } else {
-    for (int64_t a : axes) reduced[a < 0 ? a + static_cast<int64_t>(shape.size()) : a] = true;
-  }
-  ReduceGeometry g = MakeReduceGeometry(shape, reduced);
+  ReduceGeometry g = MakeReduceGeometry(shape, ReducedDims(plan));
   const auto* x = static_cast<const typename Elem<D>::Storage*>(in);
   auto* y = static_cast<OutS*>(out);
   const int64_t total = CheckedNumElements(shape);
@@ -213,24 +174,6 @@ void Reduce(const Plan& plan, const void* in, void* out, Parallel& parallel) {
       }
     }
   });
-}
-
-// (outer, axis length, inner) of a contiguous shape around `axis`.
-struct AxisGeometry {
-  int64_t outer = 1, length = 1, inner = 1;
-};
-AxisGeometry AroundAxis(const Shape& shape, int axis) {
-  AxisGeometry g;
-  for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
-    (d < axis ? g.outer : d == axis ? g.length : g.inner) *= shape[d];
-  }
-  return g;
-}
-
-int AxisOf(const Plan& plan) {
-  int64_t axis = AttrInt(plan.attrs, "axis");
-  int64_t rank = static_cast<int64_t>(plan.inputs[0].shape.size());
-  return rank == 0 ? 0 : static_cast<int>(axis < 0 ? axis + rank : axis);
 }
 
 }  // namespace
