@@ -4,10 +4,10 @@
 #ifndef TESSERA_KERNELS_CUDA_COMMON_CUH_
 #define TESSERA_KERNELS_CUDA_COMMON_CUH_
 
+#include <cstdint>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-
-#include <cstdint>
 
 #include "kernels/cuda/params.h"
 

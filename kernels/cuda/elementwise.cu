@@ -25,8 +25,9 @@ __device__ __forceinline__ C FloatUnary(int op, C x, C alpha, C beta) {
     case kRsqrt:
       return C(1) / (kDouble ? sqrt(x) : sqrtf(x));
     case kGelu:
-      return C(0.5) * x * (C(1) + (kDouble ? erf(x * C(0.70710678118654752440))
-                                           : erff(x * C(0.70710678118654752440))));
+      return C(0.5) * x *
+             (C(1) +
+              (kDouble ? erf(x * C(0.70710678118654752440)) : erff(x * C(0.70710678118654752440))));
     case kSigmoid:
       return C(1) / (C(1) + (kDouble ? exp(-x) : expf(-x)));
     case kTanh:
@@ -103,8 +104,8 @@ template <typename S>
 __device__ __forceinline__ S ApplyUnary(int op, S x, double alpha, double beta) {
   using C = typename Elem<S>::C;
   if constexpr (std::is_floating_point_v<C>) {
-    return Elem<S>::Store(FloatUnary<C>(op, Elem<S>::Load(x), static_cast<C>(alpha),
-                                        static_cast<C>(beta)));
+    return Elem<S>::Store(
+        FloatUnary<C>(op, Elem<S>::Load(x), static_cast<C>(alpha), static_cast<C>(beta)));
   } else {
     return IntUnary<S>(op, x);
   }
@@ -236,9 +237,8 @@ __device__ __forceinline__ void StoreAny(void* y, int dtype, int64_t k, const Va
             source_f64 ? __double2half(v.f) : __float2half_rn(static_cast<float>(v.f));
         return;
       case kBF16:
-        static_cast<__nv_bfloat16*>(y)[k] = source_f64
-                                                ? __double2bfloat16(v.f)
-                                                : __float2bfloat16_rn(static_cast<float>(v.f));
+        static_cast<__nv_bfloat16*>(y)[k] =
+            source_f64 ? __double2bfloat16(v.f) : __float2bfloat16_rn(static_cast<float>(v.f));
         return;
       case kF64:
         static_cast<double*>(y)[k] = v.f;
@@ -292,10 +292,10 @@ __device__ void Permute(const PermuteParams& p, const T* __restrict__ x, T* __re
 
 using namespace tessera_cuda;  // NOLINT: the extern "C" entry points below
 
-#define TESSERA_UNARY(suffix, S)                                                              \
-  extern "C" __global__ void tessera_unary_##suffix(int op, int64_t n, const S* x, S* y,      \
-                                                    double alpha, double beta) {              \
-    Unary<S>(op, n, x, y, alpha, beta);                                                       \
+#define TESSERA_UNARY(suffix, S)                                                         \
+  extern "C" __global__ void tessera_unary_##suffix(int op, int64_t n, const S* x, S* y, \
+                                                    double alpha, double beta) {         \
+    Unary<S>(op, n, x, y, alpha, beta);                                                  \
   }
 TESSERA_UNARY(f32, float)
 TESSERA_UNARY(f16, __half)
@@ -304,10 +304,10 @@ TESSERA_UNARY(f64, double)
 TESSERA_UNARY(i32, int32_t)
 TESSERA_UNARY(i64, int64_t)
 
-#define TESSERA_BINARY(suffix, S)                                                           \
-  extern "C" __global__ void tessera_binary_##suffix(int op, BinaryParams p, const S* a,    \
-                                                     const S* b, S* y) {                    \
-    Binary<S>(op, p, a, b, y);                                                              \
+#define TESSERA_BINARY(suffix, S)                                                        \
+  extern "C" __global__ void tessera_binary_##suffix(int op, BinaryParams p, const S* a, \
+                                                     const S* b, S* y) {                 \
+    Binary<S>(op, p, a, b, y);                                                           \
   }
 TESSERA_BINARY(f32, float)
 TESSERA_BINARY(f16, __half)
@@ -328,9 +328,9 @@ extern "C" __global__ void tessera_fill(int64_t n, void* y, int dst, double valu
   for (int64_t i = GlobalThread(); i < n; i += GlobalStride()) StoreAny(y, dst, i, v, true);
 }
 
-#define TESSERA_PERMUTE(bytes, T)                                                           \
-  extern "C" __global__ void tessera_permute_##bytes(PermuteParams p, const T* x, T* y) {   \
-    Permute<T>(p, x, y);                                                                    \
+#define TESSERA_PERMUTE(bytes, T)                                                         \
+  extern "C" __global__ void tessera_permute_##bytes(PermuteParams p, const T* x, T* y) { \
+    Permute<T>(p, x, y);                                                                  \
   }
 TESSERA_PERMUTE(1, uint8_t)
 TESSERA_PERMUTE(2, uint16_t)

@@ -12,7 +12,17 @@ inline constexpr int kMaxRank = 8;
 
 /// Operation codes; the numbering is the kernels' ABI with the host.
 enum UnaryCode : int {
-  kNeg = 0, kAbs, kRelu, kExp, kLog, kSqrt, kRsqrt, kGelu, kSigmoid, kTanh, kScale
+  kNeg = 0,
+  kAbs,
+  kRelu,
+  kExp,
+  kLog,
+  kSqrt,
+  kRsqrt,
+  kGelu,
+  kSigmoid,
+  kTanh,
+  kScale
 };
 enum BinaryCode : int { kAdd = 0, kSub, kMul, kDiv, kMaximum, kMinimum, kPow };
 enum ReduceCode : int { kSum = 0, kMean, kMax, kMin };

@@ -16,8 +16,8 @@ struct Reducer {
   using C = typename Elem<S>::C;
   static constexpr bool kFloat = std::is_floating_point_v<C>;
   static constexpr bool kSumLike = Op == kSum || Op == kMean;
-  using Acc = std::conditional_t<kSumLike, std::conditional_t<kFloat, double, int64_t>,
-                                 Shuffled<C>>;
+  using Acc =
+      std::conditional_t<kSumLike, std::conditional_t<kFloat, double, int64_t>, Shuffled<C>>;
 
   static __device__ Acc Init() {
     if constexpr (kSumLike) {
@@ -59,8 +59,8 @@ __device__ void Reduce(const ReduceParams& p, const S* __restrict__ x, void* y) 
     const int64_t base = Offset(o, p.kept_rank, p.kept_shape, p.kept_strides);
     Acc acc = R::Init();
     for (int64_t r = threadIdx.x; r < p.count; r += blockDim.x) {
-      const Acc v = static_cast<Acc>(Elem<S>::Load(
-          x[base + Offset(r, p.reduced_rank, p.reduced_shape, p.reduced_strides)]));
+      const Acc v = static_cast<Acc>(
+          Elem<S>::Load(x[base + Offset(r, p.reduced_rank, p.reduced_shape, p.reduced_strides)]));
       acc = R::Combine(acc, v);
     }
     acc = BlockReduce(acc, combine);
@@ -150,7 +150,8 @@ __device__ void Argmax(const AxisParams& p, const S* __restrict__ x, int64_t* __
 }
 
 template <typename S>
-__device__ void Softmax(int log_out, const AxisParams& p, const S* __restrict__ x, S* __restrict__ y) {
+__device__ void Softmax(int log_out, const AxisParams& p, const S* __restrict__ x,
+                        S* __restrict__ y) {
   using C = typename Elem<S>::C;
   auto max_of = [](C a, C b) { return (IsNan(a) || a > b) ? a : b; };  // NaN propagates
   auto sum_of = [](C a, C b) { return a + b; };
@@ -209,13 +210,13 @@ __device__ void Norm(int rms, int64_t rows, int64_t width, const S* __restrict__
 
 using namespace tessera_cuda;  // NOLINT: the extern "C" entry points below
 
-#define TESSERA_REDUCE(suffix, S)                                                             \
-  extern "C" __global__ void tessera_reduce_##suffix(int op, ReduceParams p, const S* x,      \
-                                                     void* y) {                               \
-    ReduceDispatch<S>(op, p, x, y);                                                           \
-  }                                                                                           \
-  extern "C" __global__ void tessera_argmax_##suffix(AxisParams p, const S* x, int64_t* y) {  \
-    Argmax<S>(p, x, y);                                                                       \
+#define TESSERA_REDUCE(suffix, S)                                                            \
+  extern "C" __global__ void tessera_reduce_##suffix(int op, ReduceParams p, const S* x,     \
+                                                     void* y) {                              \
+    ReduceDispatch<S>(op, p, x, y);                                                          \
+  }                                                                                          \
+  extern "C" __global__ void tessera_argmax_##suffix(AxisParams p, const S* x, int64_t* y) { \
+    Argmax<S>(p, x, y);                                                                      \
   }
 TESSERA_REDUCE(f32, float)
 TESSERA_REDUCE(f16, __half)
@@ -225,15 +226,15 @@ TESSERA_REDUCE(i32, int32_t)
 TESSERA_REDUCE(i64, int64_t)
 TESSERA_REDUCE(u8, uint8_t)
 
-#define TESSERA_ROWS(suffix, S)                                                              \
-  extern "C" __global__ void tessera_softmax_##suffix(int log_out, AxisParams p,          \
-                                                      const S* x, S* y) {                    \
-    Softmax<S>(log_out, p, x, y);                                                                \
-  }                                                                                          \
-  extern "C" __global__ void tessera_norm_##suffix(int rms, int64_t rows, int64_t width,     \
-                                                   const S* x, const S* weight,              \
-                                                   const S* bias, S* y, double eps) {        \
-    Norm<S>(rms, rows, width, x, weight, bias, y, eps);                                      \
+#define TESSERA_ROWS(suffix, S)                                                                \
+  extern "C" __global__ void tessera_softmax_##suffix(int log_out, AxisParams p, const S* x,   \
+                                                      S* y) {                                  \
+    Softmax<S>(log_out, p, x, y);                                                              \
+  }                                                                                            \
+  extern "C" __global__ void tessera_norm_##suffix(int rms, int64_t rows, int64_t width,       \
+                                                   const S* x, const S* weight, const S* bias, \
+                                                   S* y, double eps) {                         \
+    Norm<S>(rms, rows, width, x, weight, bias, y, eps);                                        \
   }
 TESSERA_ROWS(f32, float)
 TESSERA_ROWS(f16, __half)

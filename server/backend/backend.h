@@ -60,6 +60,9 @@ class DeviceBuffer {
  public:
   virtual ~DeviceBuffer() = default;
   virtual uint64_t size() const = 0;
+  /// True once a fault destroyed the memory (the GPU context it lived in faulted): reads,
+  /// writes and launches using it are DATA_LOSS; deleting it is fine.
+  virtual bool lost() const { return false; }
 };
 
 /// One validated launch with its buffers (inputs in the plan's order, then outputs).

@@ -1,12 +1,16 @@
 #include "server/backend/select.h"
 
+#include <climits>
+#include <cstdlib>
 #include <thread>
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 
 #include "server/backend/cpu/cpu_backend.h"
+#include "server/backend/cuda_module.h"
 #include "server/backend/mps_probe.h"
 
 namespace tessera {
@@ -18,6 +22,55 @@ bool CudaDriverPresent() {
   if (handle == nullptr) return false;
   dlclose(handle);
   return true;
+}
+
+// The directory holding this executable, with a trailing slash ("" when unknown).
+std::string ExecutableDirectory() {
+  char path[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return "";
+  std::string dir(path, static_cast<size_t>(n));
+  return dir.substr(0, dir.rfind('/') + 1);
+}
+
+// Loads the CUDA backend module ($TESSERA_CUDA_MODULE, else next to the binary: the
+// installed layout, then the build tree) and creates the backend. The module stays loaded
+// for the life of the process.
+absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(const BackendOptions& options) {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("TESSERA_CUDA_MODULE"); env != nullptr && *env != '\0') {
+    candidates.push_back(env);
+  } else if (TESSERA_CUDA_MODULE_ENABLED) {
+    const std::string dir = ExecutableDirectory();
+    candidates = {dir + TESSERA_CUDA_MODULE_INSTALLED, dir + TESSERA_CUDA_MODULE_BUILT};
+  } else {
+    return absl::FailedPreconditionError(
+        "a CUDA driver is present but this build has no CUDA backend module (built without "
+        "the CUDA toolkit or with TESSERA_CUDA=OFF)");
+  }
+  std::string errors;
+  for (const std::string& path : candidates) {
+    if (access(path.c_str(), F_OK) != 0) {
+      absl::StrAppend(&errors, errors.empty() ? "" : "; ", path, ": not found");
+      continue;
+    }
+    void* module = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (module == nullptr) {
+      absl::StrAppend(&errors, errors.empty() ? "" : "; ", "cannot load ", path, ": ", dlerror());
+      continue;
+    }
+    auto entry = reinterpret_cast<CudaModuleEntry>(dlsym(module, kCudaModuleEntry));
+    if (entry == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " is not a Tessera CUDA module (no ", kCudaModuleEntry, ")"));
+    }
+    absl::StatusOr<std::unique_ptr<Backend>> backend;
+    entry(CudaModuleOptions{.mps = options.mps}, &backend);
+    return backend;
+  }
+  return absl::FailedPreconditionError(absl::StrCat("the CUDA backend module could not be loaded (",
+                                                    errors,
+                                                    "); set TESSERA_CUDA_MODULE to its path"));
 }
 
 }  // namespace
@@ -32,16 +85,30 @@ absl::StatusOr<BackendChoice> SelectBackend(const BackendOptions& options) {
   std::string reason;
   if (options.backend == "cpu") {
     reason = "--backend=cpu";
-  } else {
-    // The CUDA backend module is not part of this release; say precisely why it is not used.
-    std::string why = CudaDriverPresent()
-                          ? "a CUDA driver is present but this build has no CUDA backend module"
-                          : "no CUDA driver (libcuda.so.1) on this host";
+  } else if (!CudaDriverPresent()) {
+    std::string why = "no CUDA driver (libcuda.so.1) on this host";
     if (options.backend == "cuda") {
       return absl::FailedPreconditionError(
           absl::StrCat("--backend=cuda: ", why, "; use --backend=auto or --backend=cpu"));
     }
     reason = absl::StrCat("--backend=auto: ", why);
+  } else {
+    absl::StatusOr<std::unique_ptr<Backend>> cuda = LoadCudaBackend(options);
+    if (cuda.ok()) {
+      BackendChoice choice;
+      choice.backend = *std::move(cuda);
+      choice.reason = absl::StrCat("--backend=", options.backend, ": CUDA driver and ",
+                                   choice.backend->devices().size(), " GPU(s) found");
+      return choice;
+    }
+    // --mps=require failing inside the module is the operator's answer, not a reason to
+    // serve on the CPU.
+    if (options.backend == "cuda" || options.mps == "require") {
+      return absl::Status(cuda.status().code(), absl::StrCat("--backend=", options.backend, ": ",
+                                                             cuda.status().message()));
+    }
+    reason = absl::StrCat("--backend=auto: the CUDA backend cannot run here (",
+                          cuda.status().message(), ")");
   }
   if (options.mps == "require") {
     return absl::FailedPreconditionError(

@@ -1,0 +1,793 @@
+#include "server/backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+
+#include <stdlib.h>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+#include "server/backend/mps_probe.h"
+#include "server/common/logging.h"
+#include "server/common/status_macros.h"
+
+namespace tessera::cuda {
+namespace {
+
+// Pinned staging for host<->device copies: two buffers, so filling one overlaps the DMA of
+// the other.
+constexpr uint64_t kStagingBytes = 8ull << 20;
+
+}  // namespace
+
+// One creation of a tenant's CUDA context. A sticky fault retires it (`lost`) and the
+// tenant gets a new one; buffers keep the incarnation they were allocated in, so a lost
+// buffer is recognizable and never freed into the wrong context.
+struct Incarnation {
+  const Driver* driver = nullptr;
+  CUcontext context = nullptr;
+  CUgreenCtx green = nullptr;
+  std::vector<CUstream> streams;
+  CUstream copy = nullptr;
+  cublasHandle_t blas = nullptr;
+  int sms = 0;
+  std::atomic<bool> lost{false};
+  void* staging[2] = {nullptr, nullptr};
+  CUevent staging_done[2] = {nullptr, nullptr};
+
+  // Releases everything (context current on the calling thread is not required).
+  void Destroy() {
+    if (context == nullptr) return;
+    {
+      ScopedContext scoped(*driver, context);
+      if (blas != nullptr) cublasDestroy(blas);
+      for (int i = 0; i < 2; ++i) {
+        if (staging[i] != nullptr) driver->cuMemFreeHost(staging[i]);
+      }
+    }
+    if (green != nullptr) {
+      driver->cuGreenCtxDestroy(green);
+    } else {
+      driver->cuCtxDestroy(context);
+    }
+    context = nullptr;
+  }
+  ~Incarnation() { Destroy(); }
+};
+
+namespace {
+
+class CudaBuffer final : public DeviceBuffer {
+ public:
+  CudaBuffer(std::shared_ptr<Incarnation> inc, CUdeviceptr ptr, uint64_t size)
+      : inc_(std::move(inc)), ptr_(ptr), size_(size) {}
+  ~CudaBuffer() override {
+    if (!inc_->lost.load() && inc_->context != nullptr) {
+      ScopedContext scoped(*inc_->driver, inc_->context);
+      inc_->driver->cuMemFree(ptr_);
+    }
+  }
+  uint64_t size() const override { return size_; }
+  bool lost() const override { return inc_->lost.load(); }
+  CUdeviceptr ptr() const { return ptr_; }
+  const Incarnation* incarnation() const { return inc_.get(); }
+
+ private:
+  std::shared_ptr<Incarnation> inc_;
+  CUdeviceptr ptr_;
+  uint64_t size_;
+};
+
+void CUDA_CB WakeBackend(void* backend);
+
+}  // namespace
+
+class CudaContext final : public TenantContext {
+ public:
+  /// A job that ended, with its callback and what it held.
+  struct Finished {
+    absl::AnyInvocable<void(ExecResult) &&> done;
+    ExecResult result;
+    // Released with the callback, outside every lock (freeing device memory may wait for
+    // the device).
+    std::vector<Step> steps;
+    std::vector<std::shared_ptr<DeviceBuffer>> temps;
+  };
+
+  CudaContext(CudaBackend* backend, ContextRequest request, ContextPlan plan)
+      : backend_(backend),
+        driver_(*backend->driver_),
+        request_(std::move(request)),
+        plan_(std::move(plan)) {
+    pending_.resize(std::max<uint32_t>(1, request_.quota.max_streams));
+  }
+
+  ~CudaContext() override {
+    backend_->Unregister(this);
+    std::vector<Finished> finished;
+    {
+      absl::MutexLock lock(&mu_);
+      if (current_ != nullptr && !current_->lost.load()) {
+        for (CUstream s : current_->streams) {
+          ScopedContext scoped(driver_, current_->context);
+          driver_.cuStreamSynchronize(s);
+        }
+      }
+      PollLocked(finished);
+    }
+    for (Finished& f : finished) std::move(f.done)(std::move(f.result));
+  }
+
+  const ContextInfo& info() const override { return info_; }
+  int device() const { return request_.device_index; }
+  CudaBackend* backend() const { return backend_; }
+
+  /// Creates the first incarnation; fixes info().
+  absl::Status Start() {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::shared_ptr<Incarnation>> inc = Build();
+    if (!inc.ok()) return inc.status();
+    current_ = *std::move(inc);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::shared_ptr<DeviceBuffer>> Allocate(uint64_t bytes) override {
+    absl::StatusOr<std::shared_ptr<DeviceBuffer>> buffer = AllocateLocked(bytes);
+    if (!buffer.ok()) backend_->Wake();  // a fault may have orphaned queued jobs
+    return buffer;
+  }
+
+  absl::StatusOr<std::shared_ptr<DeviceBuffer>> AllocateLocked(uint64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::shared_ptr<Incarnation>> inc = CurrentLocked();
+    if (!inc.ok()) return inc.status();
+    ScopedContext scoped(driver_, (*inc)->context);
+    CUdeviceptr ptr = 0;
+    const uint64_t size = std::max<uint64_t>(bytes, 1);
+    CUresult r = driver_.cuMemAlloc(&ptr, size);
+    if (r != CUDA_SUCCESS) {
+      return Failed(r, absl::StrCat("allocating ", bytes, " bytes on GPU ", device()));
+    }
+    auto buffer = std::make_shared<CudaBuffer>(*inc, ptr, bytes);
+    r = driver_.cuMemsetD8Async(ptr, 0, size, (*inc)->copy);
+    if (r == CUDA_SUCCESS) r = driver_.cuStreamSynchronize((*inc)->copy);
+    if (r != CUDA_SUCCESS) return Failed(r, "zero-filling a new tensor");
+    return buffer;
+  }
+
+  absl::Status CopyIn(DeviceBuffer& dst, uint64_t offset, const void* src,
+                      uint64_t bytes) override {
+    auto& buffer = static_cast<CudaBuffer&>(dst);
+    return Woken(Stage(
+        buffer,
+        [&](Incarnation& inc, int slot, uint64_t done, uint64_t n) {
+          std::memcpy(inc.staging[slot], static_cast<const char*>(src) + done, n);
+          return driver_.cuMemcpyHtoDAsync(buffer.ptr() + offset + done, inc.staging[slot], n,
+                                           inc.copy);
+        },
+        nullptr, bytes));
+  }
+
+  absl::Status CopyOut(const DeviceBuffer& src, uint64_t offset, void* dst,
+                       uint64_t bytes) override {
+    const auto& buffer = static_cast<const CudaBuffer&>(src);
+    return Woken(Stage(
+        buffer,
+        [&](Incarnation& inc, int slot, uint64_t done, uint64_t n) {
+          return driver_.cuMemcpyDtoHAsync(inc.staging[slot], buffer.ptr() + offset + done, n,
+                                           inc.copy);
+        },
+        [&](Incarnation& inc, int slot, uint64_t done, uint64_t n) {
+          std::memcpy(static_cast<char*>(dst) + done, inc.staging[slot], n);
+        },
+        bytes));
+  }
+
+  absl::Status Woken(absl::Status status) {
+    if (!status.ok()) backend_->Wake();
+    return status;
+  }
+
+  void Enqueue(int stream, std::vector<Step> steps, absl::AnyInvocable<bool()> start,
+               absl::AnyInvocable<void(ExecResult) &&> done) override {
+    std::vector<Finished> failed;
+    {
+      absl::MutexLock lock(&mu_);
+      EnqueueLocked(stream, std::move(steps), std::move(start), std::move(done), failed);
+    }
+    for (Finished& f : failed) std::move(f.done)(std::move(f.result));
+    backend_->Wake();
+  }
+
+  absl::Duration busy_time() const override {
+    absl::MutexLock lock(&mu_);
+    return busy_;
+  }
+
+  /// Collects finished jobs into `finished`; returns the sticky error seen, if any.
+  CUresult Poll(std::vector<Finished>& finished, bool& busy) {
+    absl::MutexLock lock(&mu_);
+    CUresult r = PollLocked(finished);
+    for (const auto& queue : pending_) busy = busy || !queue.empty();
+    return r;
+  }
+
+  /// Whether this context reports a sticky error now (after a fault elsewhere on its
+  /// device); if so it is faulted like one of its own.
+  void CheckSticky(std::vector<Finished>& finished) {
+    absl::MutexLock lock(&mu_);
+    if (current_ == nullptr || current_->lost.load()) return;
+    ScopedContext scoped(driver_, current_->context);
+    CUresult r = driver_.cuStreamQuery(current_->copy);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY && ClassifyCudaError(r).sticky) {
+      FaultLocked(r, finished);
+    }
+  }
+
+  absl::Status InjectFault(int stream) {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::shared_ptr<Incarnation>> inc = CurrentLocked();
+    if (!inc.ok()) return inc.status();
+    absl::StatusOr<CUkernel> kernel = backend_->kernels_->Find("tessera_test_fault");
+    if (!kernel.ok()) return kernel.status();
+    ScopedContext scoped(driver_, (*inc)->context);
+    int64_t address = 8;  // never mapped
+    void* params[] = {&address};
+    return driver_.Check(
+        driver_.cuLaunchKernel(reinterpret_cast<CUfunction>(*kernel), 1, 1, 1, 1, 1, 1, 0,
+                               (*inc)->streams.at(stream), params, nullptr),
+        "launching the test fault");
+  }
+
+ private:
+  struct Pending {
+    std::shared_ptr<Incarnation> inc;
+    CUevent start = nullptr;
+    CUevent end = nullptr;
+    std::vector<Step> steps;
+    std::vector<std::shared_ptr<DeviceBuffer>> temps;
+    absl::AnyInvocable<void(ExecResult) &&> done;
+    ExecResult result;
+  };
+
+  absl::Status Failed(CUresult r, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::Status status = driver_.Check(r, what);
+    if (ClassifyCudaError(r).sticky) {
+      std::vector<Finished> finished;
+      FaultLocked(r, finished);
+      // Callbacks must not run under mu_; these jobs' owners are told by the completion
+      // thread instead.
+      for (Finished& f : finished) orphaned_.push_back(std::move(f));
+    }
+    return status;
+  }
+
+  // Creates an incarnation per plan_; a green context that cannot be made falls back to a
+  // plain one with the reason recorded.
+  absl::StatusOr<std::shared_ptr<Incarnation>> Build() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const CudaBackend::Gpu& gpu = backend_->gpus_[request_.device_index];
+    auto inc = std::make_shared<Incarnation>();
+    inc->driver = &driver_;
+    const std::string who =
+        absl::StrCat("tenant ", request_.tenant_id, "'s context on GPU ", request_.device_index);
+    ContextInfo info{.kind = plan_.kind,
+                     .reason = plan_.reason,
+                     .compute_share_enforced = plan_.compute_share_enforced};
+    CUresult r = CUDA_SUCCESS;
+    if (plan_.kind == ContextKind::kMps) {
+      CUexecAffinityParam affinity{};
+      affinity.type = CU_EXEC_AFFINITY_TYPE_SM_COUNT;
+      affinity.param.smCount.val = static_cast<unsigned int>(plan_.sm_count);
+      CUctxCreateParams params{};
+      params.execAffinityParams = &affinity;
+      params.numExecAffinityParams = 1;
+      r = driver_.cuCtxCreate(&inc->context, &params, 0, gpu.device);
+      if (r != CUDA_SUCCESS) return driver_.Check(r, absl::StrCat("creating ", who));
+      CUexecAffinityParam actual{};
+      if (driver_.cuCtxGetExecAffinity(&actual, CU_EXEC_AFFINITY_TYPE_SM_COUNT) == CUDA_SUCCESS) {
+        inc->sms = static_cast<int>(actual.param.smCount.val);
+        info.reason = absl::StrCat(info.reason, "; the driver granted ", inc->sms, " SMs");
+      }
+      CUcontext popped = nullptr;
+      driver_.cuCtxPopCurrent(&popped);
+    } else if (plan_.kind == ContextKind::kGreen) {
+      CUdevResource device_sms{};
+      CUdevResource part{};
+      unsigned int groups = 1;
+      CUdevResourceDesc desc = nullptr;
+      r = driver_.cuDeviceGetDevResource(gpu.device, &device_sms, CU_DEV_RESOURCE_TYPE_SM);
+      if (r == CUDA_SUCCESS) {
+        r = driver_.cuDevSmResourceSplitByCount(&part, &groups, &device_sms, nullptr, 0,
+                                                static_cast<unsigned int>(plan_.sm_count));
+      }
+      if (r == CUDA_SUCCESS && groups == 0) r = CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+      if (r == CUDA_SUCCESS) r = driver_.cuDevResourceGenerateDesc(&desc, &part, 1);
+      if (r == CUDA_SUCCESS) {
+        r = driver_.cuGreenCtxCreate(&inc->green, desc, gpu.device, CU_GREEN_CTX_DEFAULT_STREAM);
+      }
+      if (r == CUDA_SUCCESS) r = driver_.cuCtxFromGreenCtx(&inc->context, inc->green);
+      if (r == CUDA_SUCCESS) {
+        inc->sms = static_cast<int>(part.sm.smCount);
+        info.reason = absl::StrCat(info.reason, "; the driver granted ", inc->sms, " SMs");
+      } else {
+        if (inc->green != nullptr) driver_.cuGreenCtxDestroy(inc->green);
+        inc->green = nullptr;
+        inc->context = nullptr;
+        info = ContextInfo{
+            .kind = ContextKind::kFallback,
+            .reason = absl::StrCat("plain per-tenant context; compute share ",
+                                   request_.quota.compute_share_percent,
+                                   "% is advisory: creating a green context with ", plan_.sm_count,
+                                   " SMs failed (", driver_.ErrorName(r), ")"),
+            .compute_share_enforced = false};
+        plan_.kind = ContextKind::kFallback;
+      }
+    }
+    if (inc->context == nullptr) {
+      r = driver_.cuCtxCreate(&inc->context, nullptr, 0, gpu.device);
+      if (r != CUDA_SUCCESS) return driver_.Check(r, absl::StrCat("creating ", who));
+      CUcontext popped = nullptr;
+      driver_.cuCtxPopCurrent(&popped);
+      inc->sms = gpu.sms;
+    }
+    if (inc->sms <= 0) inc->sms = gpu.sms;
+    {
+      ScopedContext scoped(driver_, inc->context);
+      int least = 0, greatest = 0;
+      driver_.cuCtxGetStreamPriorityRange(&least, &greatest);
+      const int priority = request_.quota.priority == Priority::kLow ? least : greatest;
+      for (size_t i = 0; i < pending_.size(); ++i) {
+        CUstream s = nullptr;
+        r = inc->green != nullptr
+                ? driver_.cuGreenCtxStreamCreate(&s, inc->green, CU_STREAM_NON_BLOCKING, priority)
+                : driver_.cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, priority);
+        if (r != CUDA_SUCCESS) return driver_.Check(r, absl::StrCat("creating streams for ", who));
+        inc->streams.push_back(s);
+      }
+      r = inc->green != nullptr
+              ? driver_.cuGreenCtxStreamCreate(&inc->copy, inc->green, CU_STREAM_NON_BLOCKING,
+                                               greatest)
+              : driver_.cuStreamCreateWithPriority(&inc->copy, CU_STREAM_NON_BLOCKING, greatest);
+      if (r != CUDA_SUCCESS) return driver_.Check(r, absl::StrCat("creating streams for ", who));
+    }
+    if (!started_) {
+      info_ = std::move(info);
+      started_ = true;
+    }
+    return inc;
+  }
+
+  // The live incarnation, rebuilt after a fault. UNAVAILABLE while it cannot be.
+  absl::StatusOr<std::shared_ptr<Incarnation>> CurrentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (current_ != nullptr && !current_->lost.load()) return current_;
+    absl::StatusOr<std::shared_ptr<Incarnation>> rebuilt = Build();
+    if (!rebuilt.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "tenant ", request_.tenant_id, "'s GPU context faulted and cannot be rebuilt yet (",
+          rebuilt.status().message(), "); retry in a few seconds"));
+    }
+    spdlog::info("tenant {}: GPU context on device {} rebuilt after a fault", request_.tenant_id,
+                 request_.device_index);
+    current_ = *std::move(rebuilt);
+    return current_;
+  }
+
+  template <typename Issue, typename Drain>
+  absl::Status Stage(const CudaBuffer& buffer, Issue issue, Drain drain, uint64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    if (buffer.lost()) {
+      return absl::DataLossError("the tensor was lost when its GPU context faulted");
+    }
+    if (current_ == nullptr || buffer.incarnation() != current_.get()) {
+      return absl::DataLossError("the tensor belongs to a GPU context that no longer exists");
+    }
+    Incarnation& inc = *current_;
+    ScopedContext scoped(driver_, inc.context);
+    for (int i = 0; i < 2; ++i) {
+      if (inc.staging[i] != nullptr) continue;
+      CUresult r = driver_.cuMemHostAlloc(&inc.staging[i], kStagingBytes, 0);
+      if (r == CUDA_SUCCESS)
+        r = driver_.cuEventCreate(&inc.staging_done[i], CU_EVENT_DISABLE_TIMING);
+      if (r != CUDA_SUCCESS) return Failed(r, "allocating pinned staging memory");
+    }
+    struct Chunk {
+      uint64_t done, n;
+    };
+    std::optional<Chunk> previous;
+    int slot = 0;
+    for (uint64_t done = 0; done < bytes; done += kStagingBytes, slot ^= 1) {
+      const uint64_t n = std::min(kStagingBytes, bytes - done);
+      CUresult r = driver_.cuEventSynchronize(inc.staging_done[slot]);  // slot free again
+      if (r == CUDA_SUCCESS) r = issue(inc, slot, done, n);
+      if (r == CUDA_SUCCESS) r = driver_.cuEventRecord(inc.staging_done[slot], inc.copy);
+      if (r != CUDA_SUCCESS) return Failed(r, "copying tensor data");
+      if constexpr (!std::is_same_v<Drain, std::nullptr_t>) {
+        if (previous) {
+          r = driver_.cuEventSynchronize(inc.staging_done[slot ^ 1]);
+          if (r != CUDA_SUCCESS) return Failed(r, "copying tensor data");
+          drain(inc, slot ^ 1, previous->done, previous->n);
+        }
+        previous = Chunk{done, n};
+      }
+    }
+    CUresult r = driver_.cuStreamSynchronize(inc.copy);
+    if (r != CUDA_SUCCESS) return Failed(r, "copying tensor data");
+    if constexpr (!std::is_same_v<Drain, std::nullptr_t>) {
+      if (previous) drain(inc, slot ^ 1, previous->done, previous->n);
+    }
+    return absl::OkStatus();
+  }
+
+  void EnqueueLocked(int stream, std::vector<Step> steps, absl::AnyInvocable<bool()> start,
+                     absl::AnyInvocable<void(ExecResult) &&> done, std::vector<Finished>& failed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<std::shared_ptr<Incarnation>> inc = CurrentLocked();
+    if (!inc.ok()) {
+      failed.push_back({std::move(done), ExecResult{inc.status(), 0}});
+      return;
+    }
+    for (const Step& step : steps) {
+      for (const auto* list : {&step.inputs, &step.outputs}) {
+        for (const auto& b : *list) {
+          if (b->lost() || static_cast<const CudaBuffer&>(*b).incarnation() != inc->get()) {
+            failed.push_back(
+                {std::move(done),
+                 ExecResult{absl::DataLossError("a tensor of this job was lost when the tenant's "
+                                                "GPU context faulted; delete and recreate it"),
+                            0}});
+            return;
+          }
+        }
+      }
+    }
+    if (!start()) {
+      failed.push_back({std::move(done), ExecResult{absl::CancelledError("cancelled"), -1}});
+      return;
+    }
+    Incarnation& current = **inc;
+    ScopedContext scoped(driver_, current.context);
+    Pending p;
+    p.inc = *inc;
+    p.done = std::move(done);
+    CUstream s = current.streams.at(static_cast<size_t>(stream) % current.streams.size());
+    CUresult r = driver_.cuEventCreate(&p.start, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) r = driver_.cuEventCreate(&p.end, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) r = driver_.cuEventRecord(p.start, s);
+    if (r != CUDA_SUCCESS) {
+      absl::Status status = Failed(r, "starting a job");
+      failed.push_back({std::move(p.done), ExecResult{status, 0}});
+      return;
+    }
+    for (size_t i = 0; i < steps.size(); ++i) {
+      absl::Status launched = LaunchStep(current, s, steps[i], p.temps);
+      if (!launched.ok()) {
+        p.result = ExecResult{launched, static_cast<int>(i)};
+        break;
+      }
+    }
+    if (current.lost.load()) {  // a sticky error while launching: the job is already failed
+      failed.push_back({std::move(p.done), p.result});
+      return;
+    }
+    r = driver_.cuEventRecord(p.end, s);
+    if (r == CUDA_SUCCESS) r = driver_.cuLaunchHostFunc(s, WakeBackend, backend_);
+    if (r != CUDA_SUCCESS) {
+      absl::Status status = Failed(r, "finishing a job");
+      failed.push_back({std::move(p.done), ExecResult{status, 0}});
+      return;
+    }
+    p.steps = std::move(steps);
+    pending_[static_cast<size_t>(stream) % pending_.size()].push_back(std::move(p));
+  }
+
+  absl::Status LaunchStep(Incarnation& inc, CUstream s, const Step& step,
+                          std::vector<std::shared_ptr<DeviceBuffer>>& temps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<CUdeviceptr> in, out, staged_to;
+    for (const auto& b : step.inputs) in.push_back(static_cast<const CudaBuffer&>(*b).ptr());
+    const bool alias_safe = AliasSafe(step.plan);
+    for (const auto& b : step.outputs) {
+      CUdeviceptr ptr = static_cast<const CudaBuffer&>(*b).ptr();
+      staged_to.push_back(0);
+      if (!alias_safe && std::find(in.begin(), in.end(), ptr) != in.end()) {
+        CUdeviceptr temp = 0;
+        CUresult r = driver_.cuMemAlloc(&temp, std::max<uint64_t>(b->size(), 1));
+        if (r != CUDA_SUCCESS) return Failed(r, "allocating a temporary for an in-place launch");
+        auto holder = std::make_shared<CudaBuffer>(current_, temp, b->size());
+        temps.push_back(holder);
+        // matmul's beta reads the output's prior contents.
+        r = driver_.cuMemcpyDtoDAsync(temp, ptr, b->size(), s);
+        if (r != CUDA_SUCCESS) return Failed(r, "staging an in-place launch");
+        staged_to.back() = ptr;
+        ptr = temp;
+      }
+      out.push_back(ptr);
+    }
+    if (step.plan.kernel->name == "matmul" && inc.blas == nullptr) {
+      cublasStatus_t created = cublasCreate(&inc.blas);
+      if (created != CUBLAS_STATUS_SUCCESS) {
+        inc.blas = nullptr;
+        return absl::ResourceExhaustedError(
+            absl::StrCat("creating the tenant's cuBLAS handle: ", cublasGetStatusName(created)));
+      }
+    }
+    LaunchTarget target{&driver_, backend_->kernels_.get(), s, inc.blas, inc.sms};
+    absl::Status status = RunStep(target, step.plan, in, out);
+    if (!status.ok()) {
+      // A launch error that is sticky faults the context like an asynchronous one.
+      return status;
+    }
+    for (size_t k = 0; k < out.size(); ++k) {
+      if (staged_to[k] == 0) continue;
+      CUresult r = driver_.cuMemcpyDtoDAsync(staged_to[k], out[k], step.outputs[k]->size(), s);
+      if (r != CUDA_SUCCESS) return Failed(r, "finishing an in-place launch");
+    }
+    return absl::OkStatus();
+  }
+
+  CUresult PollLocked(std::vector<Finished>& finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (Finished& f : orphaned_) finished.push_back(std::move(f));
+    orphaned_.clear();
+    for (auto& queue : pending_) {
+      while (!queue.empty()) {
+        Pending& p = queue.front();
+        if (p.inc->lost.load()) break;  // failed by FaultLocked
+        ScopedContext scoped(driver_, p.inc->context);
+        CUresult r = driver_.cuEventQuery(p.end);
+        if (r == CUDA_ERROR_NOT_READY) break;
+        if (r != CUDA_SUCCESS) {
+          if (ClassifyCudaError(r).sticky) {
+            FaultLocked(r, finished);
+            return r;
+          }
+          p.result = ExecResult{driver_.Check(r, "running a job"), 0};
+        } else {
+          float ms = 0;
+          if (driver_.cuEventElapsedTime(&ms, p.start, p.end) == CUDA_SUCCESS) {
+            busy_ += absl::Microseconds(static_cast<int64_t>(ms * 1000.0f));
+          }
+        }
+        driver_.cuEventDestroy(p.start);
+        driver_.cuEventDestroy(p.end);
+        finished.push_back(
+            {std::move(p.done), std::move(p.result), std::move(p.steps), std::move(p.temps)});
+        queue.pop_front();
+      }
+    }
+    return CUDA_SUCCESS;
+  }
+
+  // A sticky error: every queued job fails, the tensors are lost, the context is destroyed;
+  // the next use builds a new one.
+  void FaultLocked(CUresult error, std::vector<Finished>& finished)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (current_ == nullptr || current_->lost.exchange(true)) return;
+    absl::Status status =
+        driver_.Check(error, absl::StrCat("tenant ", request_.tenant_id,
+                                          "'s GPU context on device ", request_.device_index));
+    spdlog::warn("{}", status.message());
+    for (auto& queue : pending_) {
+      for (Pending& p : queue) {
+        finished.push_back(
+            {std::move(p.done), ExecResult{status, 0}, std::move(p.steps), std::move(p.temps)});
+      }
+      queue.clear();  // events die with the context
+    }
+    current_->Destroy();
+    fault_device_ = true;
+    last_error_ = error;
+  }
+
+  friend class CudaBackend;
+  CudaBackend* backend_;
+  const Driver& driver_;
+  const ContextRequest request_;
+  ContextPlan plan_;
+  ContextInfo info_;
+  bool started_ = false;
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<Incarnation> current_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::deque<Pending>> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<Finished> orphaned_ ABSL_GUARDED_BY(mu_);
+  absl::Duration busy_ ABSL_GUARDED_BY(mu_);
+  bool fault_device_ ABSL_GUARDED_BY(mu_) = false;
+  CUresult last_error_ ABSL_GUARDED_BY(mu_) = CUDA_SUCCESS;
+};
+
+namespace {
+void CUDA_CB WakeBackend(void* backend) { static_cast<CudaBackend*>(backend)->Wake(); }
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModuleOptions& options) {
+  const char* pipe_env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  MpsProbe probe = ProbeMps(pipe_env);
+  absl::StatusOr<MpsChoice> choice = DecideMps(options.mps, probe);
+  if (!choice.ok()) return choice.status();
+  if (choice->decision != MpsDecision::kMps && probe.daemon_running) {
+    // The driver joins a running daemon at cuInit whatever we decide; point it at an empty
+    // private directory so that --mps=off (or a daemon we cannot use) really means no MPS.
+    char dir[] = "/tmp/tessera-no-mps-XXXXXX";
+    if (mkdtemp(dir) != nullptr) setenv("CUDA_MPS_PIPE_DIRECTORY", dir, 1);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Driver> driver, Driver::Load());
+  std::unique_ptr<CudaBackend> backend(new CudaBackend());
+  int count = 0;
+  RETURN_IF_ERROR(driver->Check(driver->cuDeviceGetCount(&count), "counting CUDA devices"));
+  if (count == 0) return absl::FailedPreconditionError("the CUDA driver reports no device");
+  bool mps_connected = false;
+  for (int i = 0; i < count; ++i) {
+    Gpu gpu;
+    RETURN_IF_ERROR(driver->Check(driver->cuDeviceGet(&gpu.device, i), "opening a CUDA device"));
+    char name[256] = {};
+    driver->cuDeviceGetName(name, sizeof(name), gpu.device);
+    size_t memory = 0;
+    driver->cuDeviceTotalMem(&memory, gpu.device);
+    driver->cuDeviceGetAttribute(&gpu.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, gpu.device);
+    driver->cuDeviceGetAttribute(&gpu.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                 gpu.device);
+    int mps_enabled = 0;
+    driver->cuDeviceGetAttribute(&mps_enabled, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, gpu.device);
+    mps_connected = mps_connected || mps_enabled != 0;
+    if (!driver->green_entry_points) {
+      gpu.green.why_not =
+          absl::StrCat("the driver (CUDA ", driver->version / 1000, ".",
+                       driver->version % 1000 / 10, ") lacks the green-context entry points");
+    } else {
+      CUdevResource sm{};
+      CUresult r = driver->cuDeviceGetDevResource(gpu.device, &sm, CU_DEV_RESOURCE_TYPE_SM);
+      if (r == CUDA_SUCCESS) {
+        gpu.green.available = true;
+        gpu.green.min_partition = static_cast<int>(sm.sm.minSmPartitionSize);
+        gpu.green.alignment = static_cast<int>(sm.sm.smCoscheduledAlignment);
+      } else {
+        gpu.green.why_not =
+            absl::StrCat("querying the device's SM resource failed: ", driver->ErrorName(r));
+      }
+    }
+    backend->gpus_.push_back(gpu);
+    backend->devices_.push_back(DeviceInfo{.index = i,
+                                           .name = name,
+                                           .memory_bytes = memory,
+                                           .context_limit = 0,
+                                           .compute_units = static_cast<uint32_t>(gpu.sms)});
+  }
+  MpsState mps{choice->decision, choice->reason};
+  if (choice->decision == MpsDecision::kMps && !mps_connected) {
+    std::string why = absl::StrCat(
+        "a control daemon was found (", probe.summary,
+        ") but the driver did not connect to it (CU_DEVICE_ATTRIBUTE_MPS_ENABLED is 0)");
+    if (options.mps == "require") {
+      return absl::FailedPreconditionError(absl::StrCat("--mps=require: ", why));
+    }
+    mps = MpsState{MpsDecision::kFallback, absl::StrCat(why, "; using per-tenant contexts")};
+  }
+  if (mps.decision == MpsDecision::kMps) {
+    for (size_t i = 0; i < backend->devices_.size(); ++i) {
+      backend->devices_[i].context_limit = MpsClientContextLimit(backend->gpus_[i].cc_major);
+    }
+  }
+  backend->mps_ = std::move(mps);
+  backend->mps_mode_ = options.mps;
+  ASSIGN_OR_RETURN(backend->kernels_, KernelTable::Load(*driver));
+  backend->driver_ = std::move(driver);
+  backend->completer_ = std::thread([b = backend.get()] { b->CompletionLoop(); });
+  return backend;
+}
+
+CudaBackend::~CudaBackend() {
+  {
+    absl::MutexLock lock(&wake_mu_);
+    stopping_ = true;
+    wake_.Signal();
+  }
+  if (completer_.joinable()) completer_.join();
+}
+
+MpsState CudaBackend::mps() const {
+  absl::MutexLock lock(&mps_mu_);
+  return mps_;
+}
+
+absl::StatusOr<std::unique_ptr<TenantContext>> CudaBackend::CreateContext(
+    const ContextRequest& request) {
+  if (request.device_index < 0 || static_cast<size_t>(request.device_index) >= gpus_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("device_index ", request.device_index,
+                                                   " is not a GPU of this host (0..",
+                                                   gpus_.size() - 1, ")"));
+  }
+  const Gpu& gpu = gpus_[request.device_index];
+  MpsState mps = this->mps();
+  ContextPlan plan = PlanContext(mps.decision, mps.reason, gpu.green,
+                                 request.quota.compute_share_percent, gpu.sms);
+  auto context = std::make_unique<CudaContext>(this, request, std::move(plan));
+  RETURN_IF_ERROR(context->Start());
+  spdlog::info("tenant {}: {} context on GPU {}: {}", request.tenant_id,
+               ContextKindName(context->info().kind), request.device_index, context->info().reason);
+  Register(context.get());
+  return std::unique_ptr<TenantContext>(std::move(context));
+}
+
+absl::Status InjectFaultInto(TenantContext& context, int stream) {
+  auto& cuda = static_cast<CudaContext&>(context);
+  return cuda.backend()->InjectFault(context, stream);
+}
+
+absl::Status CudaBackend::InjectFault(TenantContext& context, int stream) {
+  absl::Status s = static_cast<CudaContext&>(context).InjectFault(stream);
+  Wake();
+  return s;
+}
+
+void CudaBackend::Wake() {
+  absl::MutexLock lock(&wake_mu_);
+  woken_ = true;
+  wake_.Signal();
+}
+
+void CudaBackend::Register(CudaContext* context) {
+  absl::MutexLock lock(&mu_);
+  contexts_.insert(context);
+}
+
+void CudaBackend::Unregister(CudaContext* context) {
+  absl::MutexLock lock(&mu_);
+  contexts_.erase(context);
+}
+
+void CudaBackend::CompletionLoop() {
+  // Host functions wake this loop as jobs finish; a short timeout while work is queued also
+  // catches faults, after which a stream's host functions may never run.
+  bool busy = false;
+  for (;;) {
+    std::vector<CudaContext::Finished> finished;
+    std::vector<int> faulted;
+    std::vector<CUresult> errors;
+    {
+      absl::MutexLock lock(&wake_mu_);
+      if (!woken_ && !stopping_) {
+        wake_.WaitWithTimeout(&wake_mu_, busy ? absl::Milliseconds(2) : absl::Seconds(1));
+      }
+      if (stopping_) return;
+      woken_ = false;
+    }
+    busy = false;
+    {
+      absl::MutexLock lock(&mu_);
+      for (CudaContext* c : contexts_) {
+        CUresult r = c->Poll(finished, busy);
+        if (r != CUDA_SUCCESS) {
+          faulted.push_back(c->device());
+          errors.push_back(r);
+        }
+      }
+    }
+    for (CudaContext::Finished& f : finished) std::move(f.done)(std::move(f.result));
+    for (size_t i = 0; i < faulted.size(); ++i) OnDeviceFault(faulted[i], errors[i]);
+  }
+}
+
+void CudaBackend::OnDeviceFault(int device, CUresult error) {
+  std::vector<CudaContext::Finished> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    for (CudaContext* c : contexts_) {
+      if (c->device() == device) c->CheckSticky(finished);
+    }
+  }
+  for (CudaContext::Finished& f : finished) std::move(f.done)(std::move(f.result));
+  absl::MutexLock lock(&mps_mu_);
+  if (mps_.decision != MpsDecision::kMps && !ClassifyCudaError(error).mps_server) return;
+  // Under MPS a fatal fault is reported to every client on the GPU and the server stays in
+  // FAULT until they have gone; look again at the daemon.
+  MpsProbe probe = ProbeMps(std::getenv("CUDA_MPS_PIPE_DIRECTORY"));
+  mps_.reason = absl::StrCat("MPS server fault on GPU ", device, " (", driver_->ErrorName(error),
+                             "); re-probed: ", probe.summary,
+                             "; tenant contexts there are rebuilt when the server is ACTIVE again");
+  spdlog::warn("{}", mps_.reason);
+}
+
+}  // namespace tessera::cuda

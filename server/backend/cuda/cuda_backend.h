@@ -1,0 +1,86 @@
+#ifndef TESSERA_SERVER_BACKEND_CUDA_CUDA_BACKEND_H_
+#define TESSERA_SERVER_BACKEND_CUDA_CUDA_BACKEND_H_
+
+#include <memory>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include <cuda.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+#include "server/backend/backend.h"
+#include "server/backend/cuda/driver.h"
+#include "server/backend/cuda/launch.h"
+#include "server/backend/cuda_module.h"
+#include "server/backend/gpu_policy.h"
+
+namespace tessera::cuda {
+
+class CudaContext;
+
+/// The CUDA backend: one context per tenant (MPS client, green or plain, per gpu_policy),
+/// `max_streams` prioritized streams each, completions collected by one thread that host
+/// functions wake (no thread waits per job). All methods are thread-safe.
+class CudaBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaModuleOptions& options);
+  ~CudaBackend() override;
+
+  absl::string_view name() const override { return "cuda"; }
+  const std::vector<DeviceInfo>& devices() const override { return devices_; }
+  MpsState mps() const override ABSL_LOCKS_EXCLUDED(mps_mu_);
+  absl::StatusOr<std::unique_ptr<TenantContext>> CreateContext(
+      const ContextRequest& request) override;
+
+  /// Test hook (see cuda_module.h).
+  absl::Status InjectFault(TenantContext& context, int stream);
+  /// Wakes the completion thread; safe from a CUDA host function (takes only wake_mu_).
+  void Wake() ABSL_LOCKS_EXCLUDED(wake_mu_);
+
+ private:
+  friend class CudaContext;
+  struct Gpu {
+    CUdevice device = 0;
+    int sms = 0;
+    int cc_major = 0;
+    GreenSupport green;
+  };
+
+  CudaBackend() = default;
+  void Register(CudaContext* context) ABSL_LOCKS_EXCLUDED(mu_);
+  void Unregister(CudaContext* context) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Collects finished jobs, detects faults, runs the callbacks.
+  void CompletionLoop();
+  /// After a sticky fault on `device`: re-probe MPS and fault every other context there
+  /// that reports the error too.
+  void OnDeviceFault(int device, CUresult error) ABSL_LOCKS_EXCLUDED(mu_, mps_mu_);
+
+  std::unique_ptr<Driver> driver_;
+  std::unique_ptr<KernelTable> kernels_;
+  std::vector<DeviceInfo> devices_;
+  std::vector<Gpu> gpus_;
+  std::string mps_mode_;
+
+  mutable absl::Mutex mps_mu_;
+  MpsState mps_ ABSL_GUARDED_BY(mps_mu_);
+
+  // Host functions take only wake_mu_, so they never wait behind polling.
+  absl::Mutex wake_mu_;
+  absl::CondVar wake_;
+  bool woken_ ABSL_GUARDED_BY(wake_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(wake_mu_) = false;
+  absl::Mutex mu_ ABSL_ACQUIRED_AFTER(wake_mu_);
+  std::set<CudaContext*> contexts_ ABSL_GUARDED_BY(mu_);
+  std::thread completer_;
+};
+
+/// The test hook behind cuda_module.h's kCudaModuleInjectFault (`context` must come from a
+/// CudaBackend).
+absl::Status InjectFaultInto(TenantContext& context, int stream);
+
+}  // namespace tessera::cuda
+
+#endif  // TESSERA_SERVER_BACKEND_CUDA_CUDA_BACKEND_H_

@@ -1,0 +1,63 @@
+#ifndef TESSERA_SERVER_BACKEND_CUDA_LAUNCH_H_
+#define TESSERA_SERVER_BACKEND_CUDA_LAUNCH_H_
+
+// From a validated plan to work on a stream: the catalog's kernels from the embedded fatbins,
+// matmul through cuBLAS.
+#include <map>
+#include <string>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda.h>
+
+#include "absl/status/statusor.h"
+
+#include "kernels/registry.h"
+#include "server/backend/cuda/driver.h"
+
+namespace tessera::cuda {
+
+/// The kernel libraries embedded in this module, loaded once per process with
+/// context-independent loading (cuLibraryLoadData); each kernel resolves in whichever
+/// context is current at launch. Immutable after Load; thread-safe.
+class KernelTable {
+ public:
+  static absl::StatusOr<std::unique_ptr<KernelTable>> Load(const Driver& driver);
+  ~KernelTable();
+
+  /// NOT_FOUND naming the kernel (a build without it is a bug).
+  absl::StatusOr<CUkernel> Find(const std::string& name) const;
+  size_t size() const { return kernels_.size(); }
+
+ private:
+  explicit KernelTable(const Driver& driver) : driver_(driver) {}
+  const Driver& driver_;
+  std::vector<CUlibrary> libraries_;
+  std::map<std::string, CUkernel, std::less<>> kernels_;
+};
+
+/// Where a step runs: all of it belongs to one tenant context, current on the calling thread.
+struct LaunchTarget {
+  const Driver* driver = nullptr;
+  const KernelTable* kernels = nullptr;
+  CUstream stream = nullptr;
+  /// The tenant's cuBLAS handle (bound to `stream` by RunStep), for matmul.
+  cublasHandle_t blas = nullptr;
+  /// SMs the context may use, for grid sizing.
+  int sms = 1;
+};
+
+/// Whether a kernel may write an output that is also one of its inputs (element-wise
+/// kernels read and write each element in the same thread); others are staged.
+bool AliasSafe(const kernels::Plan& plan);
+
+/// Enqueues `plan` on the target's stream. Buffers are device pointers with the plan's metas,
+/// inputs then outputs; no output overlaps an input unless AliasSafe. Errors are the
+/// launch's (asynchronous faults surface later on the stream).
+absl::Status RunStep(const LaunchTarget& target, const kernels::Plan& plan,
+                     const std::vector<CUdeviceptr>& inputs,
+                     const std::vector<CUdeviceptr>& outputs);
+
+}  // namespace tessera::cuda
+
+#endif  // TESSERA_SERVER_BACKEND_CUDA_LAUNCH_H_

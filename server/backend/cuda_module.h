@@ -1,0 +1,35 @@
+#ifndef TESSERA_SERVER_BACKEND_CUDA_MODULE_H_
+#define TESSERA_SERVER_BACKEND_CUDA_MODULE_H_
+
+// The contract between tessera-server and the CUDA backend module (libtessera_cuda.so),
+// which the server dlopens at run time so that the server binary itself never links the
+// CUDA driver, runtime or cuBLAS. Both sides are built together from this tree.
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+#include "server/backend/backend.h"
+
+namespace tessera {
+
+struct CudaModuleOptions {
+  /// "auto", "require" or "off" (already checked).
+  std::string mps = "auto";
+};
+
+/// The module's one exported symbol, looked up by this name.
+inline constexpr char kCudaModuleEntry[] = "tessera_cuda_backend_create";
+/// Creates the CUDA backend; FAILED_PRECONDITION says why the host cannot run it (no
+/// driver, no device, a driver too old, --mps=require without MPS).
+using CudaModuleEntry = void (*)(const CudaModuleOptions& options,
+                                 absl::StatusOr<std::unique_ptr<Backend>>* result);
+
+/// Test-only hook exported by the module as "tessera_cuda_inject_fault": launches a kernel
+/// that makes an illegal memory access on `stream` of `context` (a context of this module).
+inline constexpr char kCudaModuleInjectFault[] = "tessera_cuda_inject_fault";
+using CudaInjectFault = absl::Status (*)(TenantContext& context, int stream);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_BACKEND_CUDA_MODULE_H_
