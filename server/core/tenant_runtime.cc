@@ -79,6 +79,17 @@ absl::StatusOr<TenantRuntime::Tensor*> TenantRuntime::FindLocked(absl::string_vi
   return &it->second;
 }
 
+absl::StatusOr<TenantRuntime::Tensor*> TenantRuntime::FindLiveLocked(absl::string_view handle) {
+  ASSIGN_OR_RETURN(Tensor * t, FindLocked(handle));
+  if (t->buffer->lost()) {
+    return absl::DataLossError(absl::StrCat(
+        "tensor \"", handle,
+        "\" was lost when the tenant's GPU context faulted (device memory is volatile); "
+        "delete it and create it again"));
+  }
+  return t;
+}
+
 absl::StatusOr<TensorInfo> TenantRuntime::AddTensorLocked(const kernels::TensorMeta& meta,
                                                           std::shared_ptr<DeviceBuffer>* buffer) {
   ASSIGN_OR_RETURN(int64_t size, kernels::ByteSize(meta, "shape"));
@@ -202,7 +213,7 @@ absl::StatusOr<std::unique_ptr<TenantRuntime::Writer>> TenantRuntime::BeginWrite
   if (create.has_value()) {
     ASSIGN_OR_RETURN(info, AddTensorLocked(*create, &buffer));
   } else {
-    ASSIGN_OR_RETURN(Tensor * t, FindLocked(handle));
+    ASSIGN_OR_RETURN(Tensor * t, FindLiveLocked(handle));
     if (t->job_readers + t->job_writers > 0) return InUse(handle, "a queued or running job");
     if (t->transfers > 0) return InUse(handle, "a ReadTensor or WriteTensor in progress");
     info = t->info;
@@ -229,7 +240,7 @@ absl::StatusOr<std::unique_ptr<TenantRuntime::Reader>> TenantRuntime::BeginRead(
     absl::string_view handle) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckOpen());
-  ASSIGN_OR_RETURN(Tensor * t, FindLocked(handle));
+  ASSIGN_OR_RETURN(Tensor * t, FindLiveLocked(handle));
   if (t->job_writers > 0) return InUse(handle, "a queued or running job that writes it");
   t->transfers++;
   return std::unique_ptr<Reader>(new Reader(shared_from_this(), t->info, t->buffer));
@@ -299,7 +310,7 @@ absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<Launch
           metas.push_back(plans[op.step].outputs[op.output]);
           resolved[i].inputs.push_back(nullptr);
         } else {
-          absl::StatusOr<Tensor*> t = FindLocked(op.handle);
+          absl::StatusOr<Tensor*> t = FindLiveLocked(op.handle);
           if (!t.ok()) return fail(t.status());
           metas.push_back((*t)->info.meta);
           resolved[i].inputs.push_back(*t);
@@ -309,7 +320,7 @@ absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<Launch
       for (size_t k = 0; k < spec.outputs.size(); ++k) {
         const OutputSpec& out = spec.outputs[k];
         if (out.kind == OutputSpec::Kind::kHandle) {
-          absl::StatusOr<Tensor*> t = FindLocked(out.handle);
+          absl::StatusOr<Tensor*> t = FindLiveLocked(out.handle);
           if (!t.ok()) return fail(t.status());
           if ((*t)->transfers > 0) {
             return fail(InUse(out.handle, "a ReadTensor or WriteTensor in progress"));

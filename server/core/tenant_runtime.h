@@ -203,6 +203,9 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   absl::Status CheckQuotaLocked(uint64_t bytes, absl::string_view what) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Tensor*> FindLocked(absl::string_view handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// FindLocked, but DATA_LOSS for a tensor whose memory a context fault destroyed.
+  absl::StatusOr<Tensor*> FindLiveLocked(absl::string_view handle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<TensorInfo> AddTensorLocked(const kernels::TensorMeta& meta,
                                              std::shared_ptr<DeviceBuffer>* buffer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -29,8 +29,11 @@ class FakeBackend final : public Backend {
       const ContextRequest& request) override {
     if (!fail_with_.ok()) return fail_with_;
     created_.push_back(request);
-    return std::make_unique<Context>(&live_);
+    return std::make_unique<Context>(&live_, lost_);
   }
+
+  /// Simulates a sticky fault in every context made so far: their buffers report lost().
+  void LoseAllBuffers() { lost_->store(true); }
 
   /// Every later CreateContext fails with `status` (OK to succeed again).
   void FailContexts(absl::Status status) { fail_with_ = std::move(status); }
@@ -40,23 +43,29 @@ class FakeBackend final : public Backend {
  private:
   class Buffer final : public DeviceBuffer {
    public:
-    explicit Buffer(uint64_t size) : data_(std::calloc(1, size + 1)), size_(size) {}
+    Buffer(uint64_t size, std::shared_ptr<std::atomic<bool>> lost)
+        : data_(std::calloc(1, size + 1)), size_(size), lost_(std::move(lost)) {}
     ~Buffer() override { std::free(data_); }
     uint64_t size() const override { return size_; }
+    bool lost() const override { return lost_->load(); }
     void* data() const { return data_; }
 
    private:
     void* data_;
     uint64_t size_;
+    std::shared_ptr<std::atomic<bool>> lost_;
   };
 
   class Context final : public TenantContext {
    public:
-    explicit Context(std::atomic<int>* live) : live_(live) { ++*live_; }
+    Context(std::atomic<int>* live, std::shared_ptr<std::atomic<bool>> lost)
+        : live_(live), lost_(std::move(lost)) {
+      ++*live_;
+    }
     ~Context() override { --*live_; }
     const ContextInfo& info() const override { return info_; }
     absl::StatusOr<std::shared_ptr<DeviceBuffer>> Allocate(uint64_t bytes) override {
-      return std::make_shared<Buffer>(bytes);
+      return std::make_shared<Buffer>(bytes, lost_);
     }
     absl::Status CopyIn(DeviceBuffer& dst, uint64_t offset, const void* src,
                         uint64_t bytes) override {
@@ -87,6 +96,7 @@ class FakeBackend final : public Backend {
 
    private:
     std::atomic<int>* live_;
+    std::shared_ptr<std::atomic<bool>> lost_;
     ContextInfo info_{ContextKind::kFallback, "fake context", false};
   };
 
@@ -94,6 +104,7 @@ class FakeBackend final : public Backend {
   absl::Status fail_with_;
   std::vector<ContextRequest> created_;
   std::atomic<int> live_{0};
+  std::shared_ptr<std::atomic<bool>> lost_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace tessera::testing

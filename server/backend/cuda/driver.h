@@ -17,7 +17,8 @@ namespace tessera::cuda {
 // Entry points the backend cannot work without.
 #define TESSERA_CUDA_REQUIRED(X)                                                                   \
   X(cuInit)                                                                                        \
-  X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem)  \
+  X(cuDriverGetVersion)                                                                            \
+  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem)                        \
       X(cuDeviceGetAttribute) X(cuCtxCreate) X(cuCtxDestroy) X(cuCtxPushCurrent)                   \
           X(cuCtxPopCurrent) X(cuCtxGetExecAffinity) X(cuCtxGetStreamPriorityRange) X(cuMemAlloc)  \
               X(cuMemFree) X(cuMemsetD8Async) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)            \
@@ -30,10 +31,11 @@ namespace tessera::cuda {
                                           X(cuGetErrorString)
 
 // Green contexts (CUDA 12.4 and later); absent entry points leave them unavailable.
-#define TESSERA_CUDA_OPTIONAL(X)                                                  \
-  X(cuDeviceGetDevResource)                                                       \
-  X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc) X(cuGreenCtxCreate) \
-      X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) X(cuGreenCtxStreamCreate)
+#define TESSERA_CUDA_OPTIONAL(X)                                                             \
+  X(cuDeviceGetDevResource)                                                                  \
+  X(cuDevSmResourceSplitByCount)                                                             \
+  X(cuDevResourceGenerateDesc) X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) \
+      X(cuGreenCtxStreamCreate)
 
 /// The loaded driver. Immutable after Load; thread-safe.
 struct Driver {

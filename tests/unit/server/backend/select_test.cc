@@ -1,9 +1,12 @@
 #include "server/backend/select.h"
 
+#include <dlfcn.h>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 #include "server/backend/cpu/cpu_backend.h"
+#include "server/backend/cuda_module.h"
 
 namespace tessera {
 namespace {
@@ -55,6 +58,27 @@ TEST(SelectBackendTest, UnknownValuesNameTheFlag) {
   EXPECT_THAT(SelectBackend({.backend = "tpu"}).status().message(), HasSubstr("--backend=tpu"));
   EXPECT_THAT(SelectBackend({.mps = "maybe"}).status().message(), HasSubstr("--mps=maybe"));
 }
+
+#ifdef TESSERA_CUDA_MODULE_PATH
+// The CUDA module loads on any host (cuBLAS is its only CUDA dependency; the driver is
+// dlopen'ed at run time) and, without a driver, refuses with the reason.
+TEST(CudaModuleTest, LoadsAnywhereAndSaysWhyItCannotRunWithoutADriver) {
+  void* module = dlopen(TESSERA_CUDA_MODULE_PATH, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(module, nullptr) << dlerror();
+  auto entry = reinterpret_cast<CudaModuleEntry>(dlsym(module, kCudaModuleEntry));
+  ASSERT_NE(entry, nullptr);
+  EXPECT_NE(dlsym(module, kCudaModuleInjectFault), nullptr);
+  absl::StatusOr<std::unique_ptr<Backend>> backend;
+  entry(CudaModuleOptions{.mps = "off"}, &backend);
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (driver != nullptr) {
+    dlclose(driver);
+    GTEST_SKIP() << "this host has a CUDA driver; the gpu-labelled tests cover the module";
+  }
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(backend.status().message(), HasSubstr("libcuda.so.1"));
+}
+#endif
 
 }  // namespace
 }  // namespace tessera

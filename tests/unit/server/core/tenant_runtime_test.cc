@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 
 #include "server/backend/cpu/cpu_backend.h"
+#include "tests/testing/fake_backend.h"
 
 namespace tessera {
 namespace {
@@ -176,6 +177,36 @@ TEST_F(TenantRuntimeTest, WritersCheckRangesAndAbortCleanly) {
   EXPECT_EQ(rt->Usage().tensors, 1u);
   writer->reset();  // aborted: the new tensor is removed
   EXPECT_EQ(rt->Usage().tensors, 0u);
+  EXPECT_EQ(rt->Usage().memory_used_bytes, 0u);
+}
+
+// A context fault (simulated by the fake GPU backend) loses the tenant's tensors: reading,
+// writing and launching on them is DATA_LOSS naming the tensor; deleting them works and
+// gives the memory back; new tensors work again.
+TEST_F(TenantRuntimeTest, TensorsLostInAContextFaultAreDataLossUntilDeleted) {
+  testing::FakeBackend gpu({DeviceInfo{.index = 0, .name = "fake gpu", .memory_bytes = 1 << 30}});
+  Quota quota{.device_memory_bytes = 1 << 20,
+              .compute_share_percent = 50,
+              .max_streams = 1,
+              .max_queued_jobs = 8,
+              .priority = Priority::kNormal};
+  auto context = gpu.CreateContext({"t", quota, 0});
+  ASSERT_TRUE(context.ok());
+  auto rt = std::make_shared<TenantRuntime>("t", quota, *std::move(context));
+  auto x = rt->CreateTensor({DType::kF32, {2}}, Floats({1, 2}));
+  ASSERT_TRUE(x.ok());
+  gpu.LoseAllBuffers();
+
+  auto read = rt->BeginRead(x->handle);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(read.status().message(), HasSubstr(x->handle));
+  EXPECT_THAT(read.status().message(), HasSubstr("faulted"));
+  EXPECT_EQ(rt->BeginWrite(x->handle, std::nullopt).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(rt->Submit(0, {Step("neg", {x->handle})}, false).status().code(),
+            absl::StatusCode::kDataLoss);
+  // Nothing was half-done: no job, the metadata is intact, deleting frees the quota.
+  EXPECT_TRUE(rt->GetTensor(x->handle).ok());
+  ASSERT_TRUE(rt->DeleteTensor(x->handle).ok());
   EXPECT_EQ(rt->Usage().memory_used_bytes, 0u);
 }
 

@@ -1,0 +1,459 @@
+// GPU tests (ctest label `gpu`): the CUDA backend module against the CPU backend's results
+// for the whole kernel catalog, plus contexts, streams, quotas and fault containment. Every
+// test skips, saying why, where the CUDA backend cannot run (no driver, no GPU, no module).
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <dlfcn.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+#include "kernels/dtype.h"
+#include "kernels/registry.h"
+#include "server/backend/cpu/cpu_backend.h"
+#include "server/backend/cuda_module.h"
+#include "server/backend/select.h"
+
+namespace tessera {
+namespace {
+
+using kernels::DType;
+using kernels::TensorMeta;
+
+size_t Bytes(const TensorMeta& meta) {
+  return static_cast<size_t>(kernels::CheckedNumElements(meta.shape)) *
+         kernels::DTypeSize(meta.dtype);
+}
+
+Quota TestQuota(uint32_t share = 50, uint32_t streams = 2) {
+  return Quota{.device_memory_bytes = 1ull << 30,
+               .compute_share_percent = share,
+               .max_streams = streams,
+               .max_queued_jobs = 64,
+               .priority = Priority::kNormal};
+}
+
+// Runs plans on one context: allocate, upload, enqueue, wait, download.
+struct Runner {
+  std::unique_ptr<TenantContext> context;
+
+  absl::StatusOr<std::vector<std::string>> Run(const kernels::Plan& plan,
+                                               const std::vector<std::string>& inputs,
+                                               int stream = 0) {
+    Step step;
+    step.plan = plan;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      auto b = context->Allocate(inputs[i].size());
+      if (!b.ok()) return b.status();
+      if (!inputs[i].empty()) {
+        absl::Status s = context->CopyIn(**b, 0, inputs[i].data(), inputs[i].size());
+        if (!s.ok()) return s;
+      }
+      step.inputs.push_back(*b);
+    }
+    for (const TensorMeta& out : plan.outputs) {
+      auto b = context->Allocate(Bytes(out));
+      if (!b.ok()) return b.status();
+      step.outputs.push_back(*b);
+    }
+    std::vector<std::shared_ptr<DeviceBuffer>> outputs = step.outputs;
+    absl::Status status = Wait(stream, {std::move(step)});
+    if (!status.ok()) return status;
+    std::vector<std::string> result;
+    for (auto& b : outputs) {
+      std::string bytes(b->size(), '\0');
+      absl::Status s = context->CopyOut(*b, 0, bytes.data(), bytes.size());
+      if (!s.ok()) return s;
+      result.push_back(std::move(bytes));
+    }
+    return result;
+  }
+
+  absl::Status Wait(int stream, std::vector<Step> steps) {
+    absl::Notification done;
+    ExecResult result;
+    context->Enqueue(
+        stream, std::move(steps), [] { return true; },
+        [&](ExecResult r) {
+          result = std::move(r);
+          done.Notify();
+        });
+    if (!done.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+      return absl::DeadlineExceededError("the job did not finish in 60 s");
+    }
+    return result.status;
+  }
+};
+
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<BackendChoice> choice = SelectBackend({.backend = "cuda", .mps = "auto"});
+    if (!choice.ok()) GTEST_SKIP() << "no CUDA backend here: " << choice.status().message();
+    gpu_ = std::move(choice->backend);
+    cpu_ = std::make_unique<CpuBackend>(
+        CpuBackend::Options{.memory_bytes = 4ull << 30, .worker_threads = 4, .reason = "test"});
+  }
+
+  Runner Gpu(uint32_t share = 50, uint32_t streams = 2, const std::string& id = "gpu-tenant") {
+    auto context = gpu_->CreateContext({id, TestQuota(share, streams), 0});
+    EXPECT_TRUE(context.ok()) << context.status();
+    return Runner{context.ok() ? *std::move(context) : nullptr};
+  }
+  Runner Cpu() { return Runner{*cpu_->CreateContext({"cpu-tenant", TestQuota(), 0})}; }
+
+  std::unique_ptr<Backend> gpu_;
+  std::unique_ptr<CpuBackend> cpu_;
+};
+
+// ---- the catalog against the CPU backend ----------------------------------------------------
+
+std::string RandomBytes(const TensorMeta& meta, std::mt19937& rng, bool positive) {
+  const int64_t n = kernels::CheckedNumElements(meta.shape);
+  std::string out(Bytes(meta), '\0');
+  std::uniform_real_distribution<double> real(positive ? 0.1 : -2.0, positive ? 3.0 : 2.0);
+  std::uniform_int_distribution<int> integer(-50, 50);
+  for (int64_t i = 0; i < n; ++i) {
+    char* p = out.data() + i * kernels::DTypeSize(meta.dtype);
+    switch (meta.dtype) {
+      case DType::kF32: {
+        float v = static_cast<float>(real(rng));
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DType::kF64: {
+        double v = real(rng);
+        std::memcpy(p, &v, 8);
+        break;
+      }
+      case DType::kF16: {
+        uint16_t v = kernels::F32ToF16(static_cast<float>(real(rng)));
+        std::memcpy(p, &v, 2);
+        break;
+      }
+      case DType::kBF16: {
+        uint16_t v = kernels::F32ToBF16(static_cast<float>(real(rng)));
+        std::memcpy(p, &v, 2);
+        break;
+      }
+      case DType::kI32: {
+        int32_t v = integer(rng);
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DType::kI64: {
+        int64_t v = integer(rng);
+        std::memcpy(p, &v, 8);
+        break;
+      }
+      case DType::kU8:
+        *p = static_cast<char>(integer(rng) + 50);
+        break;
+      case DType::kBool:
+        *p = static_cast<char>(integer(rng) > 0);
+        break;
+    }
+  }
+  return out;
+}
+
+double Element(const std::string& bytes, DType dtype, int64_t i) {
+  const char* p = bytes.data() + i * kernels::DTypeSize(dtype);
+  switch (dtype) {
+    case DType::kF32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DType::kF64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+    case DType::kF16: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return kernels::F16ToF32(v);
+    }
+    case DType::kBF16: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return kernels::BF16ToF32(v);
+    }
+    case DType::kI32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DType::kI64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return static_cast<double>(v);
+    }
+    default:
+      return static_cast<unsigned char>(*p);
+  }
+}
+
+double Tolerance(DType dtype, const std::string& kernel) {
+  const double scale = kernel == "matmul" ? 8 : 1;
+  switch (dtype) {
+    case DType::kF32:
+      return 2e-5 * scale;
+    case DType::kF64:
+      return 1e-12 * scale;
+    case DType::kF16:
+      return 2e-3 * scale;
+    case DType::kBF16:
+      return 1.6e-2 * scale;
+    default:
+      return 0;
+  }
+}
+
+struct Case {
+  std::string kernel;
+  std::vector<TensorMeta> inputs;
+  kernels::Attrs attrs;
+  std::string label;
+};
+
+// A few shapes per kernel and every dtype its first operand admits.
+std::vector<Case> CatalogCases() {
+  std::vector<Case> cases;
+  const kernels::Registry& registry = kernels::Registry::Global();
+  for (const kernels::KernelDef& def : registry.kernels()) {
+    const std::vector<DType>& dtypes =
+        def.inputs.empty() ? def.outputs[0].dtypes : def.inputs[0].dtypes;
+    for (DType d : dtypes) {
+      auto add = [&](std::vector<TensorMeta> in, kernels::Attrs attrs, std::string label) {
+        cases.push_back(Case{def.name, std::move(in), std::move(attrs),
+                             absl::StrCat(def.name, "/", kernels::DTypeName(d), "/", label)});
+      };
+      const std::string& k = def.name;
+      if (k == "fill") {
+        add({},
+            {{"value", 1.75},
+             {"dtype", std::string(kernels::DTypeName(d))},
+             {"shape", std::vector<int64_t>{3, 1000}}},
+            "3x1000");
+      } else if (k == "cast") {
+        for (DType to : kernels::kAllDTypes) {
+          add({{d, {4, 257}}}, {{"dtype", std::string(kernels::DTypeName(to))}},
+              absl::StrCat("to_", kernels::DTypeName(to)));
+        }
+      } else if (def.inputs.size() == 2 && def.outputs[0].dtypes == def.inputs[0].dtypes &&
+                 k != "matmul") {
+        add({{d, {4099}}, {d, {4099}}}, {}, "contiguous");
+        add({{d, {4, 1, 33}}, {d, {5, 33}}}, {}, "broadcast");
+        add({{d, {7, 9}}, {d, {}}}, {}, "scalar");
+      } else if (k == "sum" || k == "mean" || k == "max" || k == "min") {
+        add({{d, {6, 7, 130}}}, {{"axes", std::vector<int64_t>{2}}}, "last");
+        add({{d, {6, 7, 130}}}, {{"axes", std::vector<int64_t>{0, 2}}, {"keepdims", true}},
+            "outer_inner");
+        add({{d, {6, 7, 130}}}, {}, "all");
+      } else if (k == "argmax") {
+        add({{d, {6, 300, 5}}}, {{"axis", int64_t{1}}}, "middle");
+        add({{d, {6, 300}}}, {}, "last");
+      } else if (k == "softmax" || k == "log_softmax") {
+        add({{d, {6, 1030}}}, {}, "last");
+        add({{d, {50, 6}}}, {{"axis", int64_t{0}}}, "first");
+      } else if (k == "layer_norm") {
+        add({{d, {8, 1000}}, {d, {1000}}, {d, {1000}}}, {}, "weight_bias");
+        add({{d, {8, 64}}}, {}, "plain");
+      } else if (k == "rms_norm") {
+        add({{d, {8, 1000}}, {d, {1000}}}, {}, "weight");
+      } else if (k == "transpose") {
+        add({{d, {3, 40, 5}}}, {{"perm", std::vector<int64_t>{2, 0, 1}}}, "perm");
+        add({{d, {33, 65}}}, {}, "reversed");
+      } else if (k == "matmul") {
+        add({{d, {2, 65, 33}}, {d, {33, 17}}}, {{"alpha", 0.5}}, "batched");
+        add({{d, {33, 65}}, {d, {17, 33}}}, {{"transpose_a", true}, {"transpose_b", true}},
+            "transposed");
+        add({{d, {2, 1, 5, 4}}, {d, {3, 4, 6}}}, {}, "broadcast_batches");
+      } else {  // unary
+        add({{d, {4099}}},
+            k == "scale" ? kernels::Attrs{{"alpha", 1.5}, {"beta", -0.25}} : kernels::Attrs{},
+            "4099");
+      }
+    }
+  }
+  return cases;
+}
+
+TEST_F(GpuTest, EveryCatalogKernelMatchesTheCpuBackend) {
+  Runner gpu = Gpu();
+  Runner cpu = Cpu();
+  ASSERT_NE(gpu.context, nullptr);
+  std::mt19937 rng(7);
+  int checked = 0;
+  for (const Case& c : CatalogCases()) {
+    SCOPED_TRACE(c.label);
+    absl::StatusOr<kernels::Plan> plan =
+        kernels::Registry::Global().Prepare(c.kernel, c.inputs, c.attrs);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const bool positive =
+        c.kernel == "log" || c.kernel == "sqrt" || c.kernel == "rsqrt" || c.kernel == "pow";
+    std::vector<std::string> inputs;
+    for (const TensorMeta& m : plan->inputs) inputs.push_back(RandomBytes(m, rng, positive));
+    auto want = cpu.Run(*plan, inputs);
+    auto got = gpu.Run(*plan, inputs);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (size_t o = 0; o < plan->outputs.size(); ++o) {
+      const TensorMeta& meta = plan->outputs[o];
+      const double tolerance = Tolerance(meta.dtype, c.kernel);
+      const int64_t n = kernels::CheckedNumElements(meta.shape);
+      int mismatches = 0;
+      for (int64_t i = 0; i < n && mismatches < 5; ++i) {
+        double w = Element((*want)[o], meta.dtype, i);
+        double g = Element((*got)[o], meta.dtype, i);
+        bool same = (std::isnan(w) && std::isnan(g)) || w == g ||
+                    std::abs(w - g) <= tolerance * std::max(1.0, std::abs(w));
+        if (!same) {
+          ++mismatches;
+          ADD_FAILURE() << "element " << i << ": cpu " << w << ", gpu " << g;
+        }
+      }
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 150);
+}
+
+// ---- contexts, streams, quotas, faults --------------------------------------------------------
+
+TEST_F(GpuTest, ContextKindFollowsTheMpsDecisionAndSaysWhy) {
+  MpsState mps = gpu_->mps();
+  for (uint32_t share : {25u, 100u}) {
+    Runner r = Gpu(share, 1, absl::StrCat("share-", share));
+    ASSERT_NE(r.context, nullptr);
+    const ContextInfo& info = r.context->info();
+    EXPECT_FALSE(info.reason.empty());
+    if (mps.decision == MpsDecision::kMps) {
+      EXPECT_EQ(info.kind, ContextKind::kMps) << info.reason;
+    } else {
+      EXPECT_NE(info.kind, ContextKind::kMps) << info.reason;
+    }
+    std::printf("share %u%%: %s: %s\n", share, std::string(ContextKindName(info.kind)).c_str(),
+                info.reason.c_str());
+  }
+}
+
+TEST_F(GpuTest, JobsOnOneStreamRunInOrderAndStreamsRunIndependently) {
+  Runner r = Gpu(50, 2);
+  ASSERT_NE(r.context, nullptr);
+  const kernels::Registry& reg = kernels::Registry::Global();
+  auto fill = reg.Prepare("fill", {}, {{"value", 1.0}, {"shape", std::vector<int64_t>{1 << 20}}});
+  auto scale = reg.Prepare("scale", {{DType::kF32, {1 << 20}}}, {{"alpha", 2.0}, {"beta", 1.0}});
+  ASSERT_TRUE(fill.ok() && scale.ok());
+  auto x = *r.context->Allocate(4 << 20);
+  auto y = *r.context->Allocate(4 << 20);
+  // Stream 0: x = 1, then 20 times x = 2x + 1 (in place) => 2^21 - 1.
+  std::vector<absl::Notification> done(2);
+  std::vector<absl::Status> status(2);
+  std::vector<Step> chain;
+  chain.push_back(Step{*fill, {}, {x}});
+  for (int i = 0; i < 20; ++i) chain.push_back(Step{*scale, {x}, {x}});
+  r.context->Enqueue(
+      0, std::move(chain), [] { return true; },
+      [&](ExecResult e) {
+        status[0] = e.status;
+        done[0].Notify();
+      });
+  r.context->Enqueue(
+      1, {Step{*fill, {}, {y}}}, [] { return true; },
+      [&](ExecResult e) {
+        status[1] = e.status;
+        done[1].Notify();
+      });
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(done[i].WaitForNotificationWithTimeout(absl::Seconds(30)));
+    EXPECT_TRUE(status[i].ok()) << status[i];
+  }
+  float first = 0, last = 0;
+  ASSERT_TRUE(r.context->CopyOut(*x, 0, &first, 4).ok());
+  ASSERT_TRUE(r.context->CopyOut(*x, (4 << 20) - 4, &last, 4).ok());
+  EXPECT_EQ(first, 2097151.0f);
+  EXPECT_EQ(last, 2097151.0f);
+  EXPECT_GT(r.context->busy_time(), absl::ZeroDuration());
+}
+
+TEST_F(GpuTest, LargeTransfersRoundTripThroughPinnedStaging) {
+  Runner r = Gpu();
+  ASSERT_NE(r.context, nullptr);
+  const size_t bytes = (40ull << 20) + 12345;  // several staging chunks and a ragged tail
+  std::string data(bytes, '\0');
+  for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<char>(i * 131 + 7);
+  auto b = r.context->Allocate(bytes);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(r.context->CopyIn(**b, 0, data.data(), bytes).ok());
+  std::string back(bytes, '\0');
+  ASSERT_TRUE(r.context->CopyOut(**b, 0, back.data(), bytes).ok());
+  EXPECT_TRUE(back == data);
+  std::string part(1000, '\0');
+  ASSERT_TRUE(r.context->CopyOut(**b, 9999, part.data(), part.size()).ok());
+  EXPECT_EQ(part, data.substr(9999, 1000));
+}
+
+TEST_F(GpuTest, AllocatingMoreThanTheDeviceHoldsIsResourceExhausted) {
+  Runner r = Gpu();
+  ASSERT_NE(r.context, nullptr);
+  auto b = r.context->Allocate(gpu_->devices()[0].memory_bytes * 2);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
+  EXPECT_TRUE(r.context->Allocate(1 << 20).ok());  // the context is fine afterwards
+}
+
+TEST_F(GpuTest, AFaultFailsOnlyTheFaultingTenantWhichIsRebuilt) {
+  // The module is loaded RTLD_LOCAL by SelectBackend; reopen it (already loaded) by path.
+  std::string path = TESSERA_CUDA_MODULE_PATH;
+  if (const char* env = std::getenv("TESSERA_CUDA_MODULE"); env != nullptr && *env != '\0') {
+    path = env;
+  }
+  void* module = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(module, nullptr) << path << " is not loaded";
+  auto inject = reinterpret_cast<CudaInjectFault>(dlsym(module, kCudaModuleInjectFault));
+  ASSERT_NE(inject, nullptr) << "the CUDA module's test hook was not found";
+  Runner faulty = Gpu(50, 1, "faulty");
+  Runner bystander = Gpu(50, 1, "bystander");
+  ASSERT_NE(faulty.context, nullptr);
+  ASSERT_NE(bystander.context, nullptr);
+  auto lost = *faulty.context->Allocate(4096);
+  auto kept = *bystander.context->Allocate(4096);
+  const kernels::Registry& reg = kernels::Registry::Global();
+  auto fill = *reg.Prepare("fill", {}, {{"value", 3.0}, {"shape", std::vector<int64_t>{1024}}});
+
+  ASSERT_TRUE(inject(*faulty.context, 0).ok());
+  absl::Status after = faulty.Wait(0, {Step{fill, {}, {lost}}});
+  EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable) << after;
+  EXPECT_TRUE(lost->lost());
+  float value = 0;
+  EXPECT_EQ(faulty.context->CopyOut(*lost, 0, &value, 4).code(), absl::StatusCode::kDataLoss);
+
+  // The faulting tenant works again in a rebuilt context.
+  auto fresh = faulty.context->Allocate(4096);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE(faulty.Wait(0, {Step{fill, {}, {*fresh}}}).ok());
+  ASSERT_TRUE(faulty.context->CopyOut(**fresh, 0, &value, 4).ok());
+  EXPECT_EQ(value, 3.0f);
+
+  // The other tenant keeps running unless MPS spread the fault over the GPU (Volta MPS
+  // reports a fatal fault to every client on the device).
+  absl::Status other = bystander.Wait(0, {Step{fill, {}, {kept}}});
+  if (gpu_->mps().decision == MpsDecision::kMps) {
+    std::printf("under MPS the bystander saw: %s\n", other.ToString().c_str());
+  } else {
+    EXPECT_TRUE(other.ok()) << other;
+    EXPECT_FALSE(kept->lost());
+  }
+}
+
+}  // namespace
+}  // namespace tessera
