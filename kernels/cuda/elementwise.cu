@@ -207,12 +207,14 @@ __device__ __forceinline__ Value LoadAny(const void* x, int dtype, int64_t k) {
   }
 }
 
+// Truncates toward zero and saturates at the limits (returned exactly, never converted
+// from a double that may lie just outside the type); NaN becomes 0.
 template <typename T>
-__device__ __forceinline__ T SaturateFromDouble(double v, double lo, double hi) {
+__device__ __forceinline__ T SaturateFromDouble(double v, T lo, T hi) {
   if (IsNan(v)) return 0;
   v = trunc(v);
-  if (v <= lo) return static_cast<T>(lo);
-  if (v >= hi) return static_cast<T>(hi);
+  if (v <= static_cast<double>(lo)) return lo;
+  if (v >= static_cast<double>(hi)) return hi;
   return static_cast<T>(v);
 }
 
@@ -244,14 +246,13 @@ __device__ __forceinline__ void StoreAny(void* y, int dtype, int64_t k, const Va
         static_cast<double*>(y)[k] = v.f;
         return;
       case kI32:
-        static_cast<int32_t*>(y)[k] = SaturateFromDouble<int32_t>(v.f, -2147483648.0, 2147483647.0);
+        static_cast<int32_t*>(y)[k] = SaturateFromDouble<int32_t>(v.f, INT32_MIN, INT32_MAX);
         return;
       case kI64:
-        static_cast<int64_t*>(y)[k] =
-            SaturateFromDouble<int64_t>(v.f, -9223372036854775808.0, 9223372036854775807.0);
+        static_cast<int64_t*>(y)[k] = SaturateFromDouble<int64_t>(v.f, INT64_MIN, INT64_MAX);
         return;
       default:
-        static_cast<uint8_t*>(y)[k] = SaturateFromDouble<uint8_t>(v.f, 0.0, 255.0);
+        static_cast<uint8_t*>(y)[k] = SaturateFromDouble<uint8_t>(v.f, 0, 255);
         return;
     }
   }
