@@ -797,7 +797,9 @@ void Gpu(Env& env) {
                      backend, info.ok() ? absl::StrCat(" (", info->backend_reason(), ")") : ""));
     return;
   }
-  env.report.Skip("10", "the CUDA backend is serving, but this suite has no GPU scenarios yet");
+  env.report.Skip("10",
+                  "the GPU scenarios run in-process in build/tests/tessera_gpu_bench (see "
+                  "docs/benchmarks.md)");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -14,28 +14,59 @@
 
 namespace tessera::cuda {
 
+// clang-format off
 // Entry points the backend cannot work without.
-#define TESSERA_CUDA_REQUIRED(X)                                                                   \
-  X(cuInit)                                                                                        \
-  X(cuDriverGetVersion)                                                                            \
-  X(cuDeviceGetCount)                                                                              \
-  X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuCtxCreate)     \
-      X(cuCtxDestroy) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuCtxGetExecAffinity)               \
-          X(cuCtxGetStreamPriorityRange) X(cuMemAlloc) X(cuMemFree) X(cuMemsetD8Async)             \
-              X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemHostAlloc)     \
-                  X(cuMemFreeHost) X(cuMemGetInfo) X(cuStreamCreateWithPriority)                   \
-                      X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                   \
-                          X(cuLaunchHostFunc) X(cuLaunchKernel) X(cuEventCreate) X(cuEventDestroy) \
-                              X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)               \
-                                  X(cuEventElapsedTime) X(cuLibraryLoadData) X(cuLibraryUnload)    \
-                                      X(cuLibraryGetKernel) X(cuGetErrorName) X(cuGetErrorString)
+#define TESSERA_CUDA_REQUIRED(X) \
+  X(cuInit)                      \
+  X(cuDriverGetVersion)          \
+  X(cuDeviceGetCount)            \
+  X(cuDeviceGet)                 \
+  X(cuDeviceGetName)             \
+  X(cuDeviceTotalMem)            \
+  X(cuDeviceGetAttribute)        \
+  X(cuCtxCreate)                 \
+  X(cuCtxDestroy)                \
+  X(cuCtxPushCurrent)            \
+  X(cuCtxPopCurrent)             \
+  X(cuCtxGetExecAffinity)        \
+  X(cuCtxGetStreamPriorityRange) \
+  X(cuMemAlloc)                  \
+  X(cuMemFree)                   \
+  X(cuMemsetD8Async)             \
+  X(cuMemcpyHtoDAsync)           \
+  X(cuMemcpyDtoHAsync)           \
+  X(cuMemcpyDtoDAsync)           \
+  X(cuMemHostAlloc)              \
+  X(cuMemFreeHost)               \
+  X(cuMemGetInfo)                \
+  X(cuStreamCreateWithPriority)  \
+  X(cuStreamDestroy)             \
+  X(cuStreamSynchronize)         \
+  X(cuStreamQuery)               \
+  X(cuLaunchHostFunc)            \
+  X(cuLaunchKernel)              \
+  X(cuEventCreate)               \
+  X(cuEventDestroy)              \
+  X(cuEventRecord)               \
+  X(cuEventQuery)                \
+  X(cuEventSynchronize)          \
+  X(cuEventElapsedTime)          \
+  X(cuLibraryLoadData)           \
+  X(cuLibraryUnload)             \
+  X(cuLibraryGetKernel)          \
+  X(cuGetErrorName)              \
+  X(cuGetErrorString)
 
 // Green contexts (CUDA 12.4 and later); absent entry points leave them unavailable.
 #define TESSERA_CUDA_OPTIONAL(X) \
   X(cuDeviceGetDevResource)      \
   X(cuDevSmResourceSplitByCount) \
   X(cuDevResourceGenerateDesc)   \
-  X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) X(cuGreenCtxStreamCreate)
+  X(cuGreenCtxCreate)            \
+  X(cuGreenCtxDestroy)           \
+  X(cuCtxFromGreenCtx)           \
+  X(cuGreenCtxStreamCreate)
+// clang-format on
 
 /// The loaded driver. Immutable after Load; thread-safe.
 struct Driver {
