@@ -6,6 +6,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,16 @@
 #include "server/common/status_macros.h"
 
 namespace tessera {
+
+bool ProcessAlive(pid_t pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0) return errno == EPERM;  // exists, but is not ours to signal
+  // A zombie still answers kill(); its state in /proc/<pid>/stat (after "(comm)") is Z.
+  std::ifstream stat_file(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+  size_t close = text.rfind(')');
+  return close == std::string::npos || close + 2 >= text.size() || text[close + 2] != 'Z';
+}
 
 MpsProbe ProbeMps(const char* pipe_directory_env) {
   MpsProbe probe;
@@ -41,10 +52,16 @@ MpsProbe ProbeMps(const char* pipe_directory_env) {
     return probe;
   }
   probe.daemon_pid = static_cast<pid_t>(pid);
-  if (kill(static_cast<pid_t>(pid), 0) == 0) {
+  // Another user's daemon: signalling it is refused (EPERM), or, for root, which may signal
+  // anyone, its /proc entry belongs to someone else.
+  struct stat proc {};
+  const bool alive = ProcessAlive(static_cast<pid_t>(pid));
+  const bool foreign =
+      alive && stat(absl::StrCat("/proc/", pid).c_str(), &proc) == 0 && proc.st_uid != geteuid();
+  if (alive && !foreign) {
     probe.daemon_running = true;
     probe.summary = absl::StrCat("MPS control daemon running (pid ", pid, ", ", where, ")");
-  } else if (errno == EPERM) {
+  } else if (foreign || (!alive && kill(static_cast<pid_t>(pid), 0) != 0 && errno == EPERM)) {
     probe.daemon_running = true;
     probe.daemon_other_user = true;
     probe.summary = absl::StrCat("MPS control daemon pid ", pid, " (", where,

@@ -34,6 +34,9 @@ struct MpsProbe {
   std::string summary;
 };
 
+/// Whether `pid` is a live process (not exited, not a zombie awaiting its parent).
+bool ProcessAlive(pid_t pid);
+
 /// Looks at `pipe_directory_env` (the value of CUDA_MPS_PIPE_DIRECTORY; nullptr when unset)
 /// or the default, and at the control daemon's pid file there.
 MpsProbe ProbeMps(const char* pipe_directory_env);

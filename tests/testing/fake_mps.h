@@ -1,0 +1,64 @@
+#ifndef TESSERA_TESTS_TESTING_FAKE_MPS_H_
+#define TESSERA_TESTS_TESTING_FAKE_MPS_H_
+
+// The fake nvidia-cuda-mps-control (tests/testing/fake_mps/) with a temporary pipe directory.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+#include "server/mps/control_client.h"
+
+namespace tessera::testing {
+
+/// The fake's directory; tests put it first on PATH (FakeMps does in its constructor).
+inline std::string FakeMpsBinDir() { return TESSERA_FAKE_MPS_DIR; }
+
+inline void PutFakeMpsOnPath() {
+  const char* path = std::getenv("PATH");
+  std::string current = path == nullptr ? "" : path;
+  if (current.rfind(FakeMpsBinDir(), 0) != 0) {
+    setenv("PATH", (FakeMpsBinDir() + ":" + current).c_str(), 1);
+  }
+}
+
+class FakeMps {
+ public:
+  FakeMps() {
+    PutFakeMpsOnPath();
+    char pattern[] = "/tmp/tessera-fake-mps-XXXXXX";
+    dir_ = mkdtemp(pattern);
+  }
+  ~FakeMps() {
+    if (started_) {
+      std::filesystem::remove(dir_ + "/fake_mode");  // so a hung or crashing fake can quit
+      (void)Client().Quit();
+    }
+    std::filesystem::remove_all(dir_);
+  }
+  /// Starts the fake daemon in the pipe directory.
+  void Start() {
+    std::string command = "CUDA_MPS_PIPE_DIRECTORY=" + dir_ + " nvidia-cuda-mps-control -d";
+    ASSERT_EQ(std::system(command.c_str()), 0);
+    started_ = true;
+  }
+  void Write(const std::string& name, const std::string& text) const {
+    std::ofstream(dir_ + "/" + name) << text;
+  }
+  std::string Read(const std::string& name) const {
+    std::ifstream in(dir_ + "/" + name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  MpsControlClient Client() const { return MpsControlClient({.pipe_directory = dir_}); }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  bool started_ = false;
+};
+
+}  // namespace tessera::testing
+
+#endif  // TESSERA_TESTS_TESTING_FAKE_MPS_H_
