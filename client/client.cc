@@ -151,6 +151,22 @@ absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
   });
 }
 
+absl::StatusOr<v1::MpsStatus> Client::GetMpsStatus() {
+  v1::GetMpsStatusRequest request;
+  return Unary<v1::MpsStatus>(*this, [&](auto* context, auto* response) {
+    return admin_->GetMpsStatus(context, request, response);
+  });
+}
+
+absl::StatusOr<v1::TerminateTenantWorkResponse> Client::TerminateTenantWork(
+    absl::string_view tenant_id) {
+  v1::TerminateTenantWorkRequest request;
+  request.set_tenant_id(std::string(tenant_id));
+  return Unary<v1::TerminateTenantWorkResponse>(*this, [&](auto* context, auto* response) {
+    return admin_->TerminateTenantWork(context, request, response);
+  });
+}
+
 absl::StatusOr<v1::TensorInfo> Client::CreateTensor(const v1::TensorSpec& spec,
                                                     absl::string_view data) {
   v1::CreateTensorRequest request;

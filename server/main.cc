@@ -29,6 +29,16 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "TESSERA_ADMIN_TOKEN environment variable overrides it");
 ABSL_FLAG(std::string, backend, "auto", "Execution backend: auto, cpu or cuda");
 ABSL_FLAG(std::string, mps, "auto", "MPS use: auto, require or off");
+ABSL_FLAG(bool, mps_manage, false,
+          "Run one MPS control daemon per GPU with tenants (quit when the last leaves and on "
+          "shutdown), under --mps_base_dir");
+ABSL_FLAG(std::string, mps_base_dir, "",
+          "Base directory of the managed daemons' gpu<N>/pipe and gpu<N>/log (default: "
+          "<state_dir>/mps)");
+ABSL_FLAG(std::string, mps_control, "nvidia-cuda-mps-control",
+          "The MPS control executable (looked up on PATH unless it has a slash)");
+ABSL_FLAG(absl::Duration, mps_timeout, absl::Seconds(5),
+          "Longest wait for one MPS control command");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (enables TLS with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -128,6 +138,10 @@ int main(int argc, char** argv) {
   if (const char* env = std::getenv("TESSERA_ADMIN_TOKEN")) options.admin_token_env = env;
   options.backend.backend = absl::GetFlag(FLAGS_backend);
   options.backend.mps = absl::GetFlag(FLAGS_mps);
+  options.mps_ops = tessera::MpsOpsOptions{.manage = absl::GetFlag(FLAGS_mps_manage),
+                                           .base_directory = absl::GetFlag(FLAGS_mps_base_dir),
+                                           .binary = absl::GetFlag(FLAGS_mps_control),
+                                           .timeout = absl::GetFlag(FLAGS_mps_timeout)};
   options.backend.cpu_memory_bytes = absl::GetFlag(FLAGS_cpu_memory_bytes).bytes;
   options.backend.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);

@@ -112,6 +112,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
     spdlog::info("device {}: {}, {}", d.index, d.name, FormatBytes(d.memory_bytes));
   }
   spdlog::info("mps: {}", server->backend_->mps().reason);
+  MpsOpsOptions mps_ops = opts.mps_ops;
+  if (mps_ops.base_directory.empty()) mps_ops.base_directory = server->state_dir_->File("mps");
+  server->mps_ = std::make_unique<MpsOps>(std::move(mps_ops));
+  RETURN_IF_ERROR(server->mps_->Start(static_cast<int>(server->backend_->devices().size())));
 
   ASSIGN_OR_RETURN(server->store_, TenantStore::Open(server->state_dir_->File("tenants.db")));
   ASSIGN_OR_RETURN(server->tenants_,
@@ -119,6 +123,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
                                        server->store_.get(), server->backend_.get()));
   spdlog::info("restored {} tenant(s) from {}", server->tenants_->size(),
                server->state_dir_->File("tenants.db"));
+  if (server->mps_->managed()) {
+    auto reconcile = [s = server.get()] {
+      std::vector<uint32_t> tenants;
+      for (const DeviceLoad& load : s->tenants_->DeviceLoads()) tenants.push_back(load.contexts);
+      absl::Status status = s->mps_->Reconcile(tenants);
+      if (!status.ok()) spdlog::warn("--mps_manage: {}", status.message());
+    };
+    reconcile();
+    server->mps_monitor_ = std::thread([s = server.get(), reconcile] {
+      while (!s->stop_mps_monitor_.WaitForNotificationWithTimeout(absl::Seconds(2))) reconcile();
+    });
+  }
 
   server->authenticator_ =
       std::make_unique<Authenticator>(server->admin_.hash, server->tenants_.get());
@@ -130,7 +146,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
                   .backend_reason = server->backend_reason_,
                   .transport_security = server->transport_security_,
                   .memory_overcommit = opts.memory_overcommit,
-                  .start_time = absl::Now()});
+                  .start_time = absl::Now()},
+      server->mps_.get());
   server->compute_service_ =
       std::make_unique<ComputeService>(server->authenticator_.get(), opts.max_message_bytes);
   return server;
@@ -181,8 +198,13 @@ void Server::Shutdown() {
   }
   // 3-4. Queued work is drained and the workers joined.
   if (mutations_ != nullptr) mutations_->Stop();
-  // 5. Tenant contexts released.
+  // 5. Tenant contexts released, then the managed MPS daemons told to quit.
+  if (mps_monitor_.joinable()) {
+    stop_mps_monitor_.Notify();
+    mps_monitor_.join();
+  }
   if (tenants_ != nullptr) tenants_->ReleaseContexts();
+  if (mps_ != nullptr) mps_->Shutdown();
   // 6. The store closed, then the state directory unlocked.
   tenants_.reset();
   store_.reset();

@@ -4,16 +4,19 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 
 #include "server/backend/select.h"
 #include "server/core/admin_token.h"
+#include "server/mps/ops.h"
 
 namespace tessera {
 
@@ -34,6 +37,9 @@ struct ServerOptions {
   /// The value of TESSERA_ADMIN_TOKEN (overrides the file when non-empty).
   std::string admin_token_env;
   BackendOptions backend;
+  /// MPS operations (--mps_manage, --mps_base_dir, --mps_control, --mps_timeout); an empty
+  /// base directory means <state_dir>/mps.
+  MpsOpsOptions mps_ops;
   /// PEM files; cert and key together enable TLS, client_ca adds mutual TLS.
   std::string tls_cert;
   std::string tls_key;
@@ -90,6 +96,7 @@ class Server {
   // Declared in dependency order: destroyed in reverse.
   std::unique_ptr<StateDir> state_dir_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<MpsOps> mps_;
   std::unique_ptr<TenantStore> store_;
   std::unique_ptr<TenantTable> tenants_;
   std::unique_ptr<Authenticator> authenticator_;
@@ -97,6 +104,9 @@ class Server {
   std::unique_ptr<TenantAdminService> admin_service_;
   std::unique_ptr<ComputeService> compute_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  // --mps_manage: notices a daemon that died and starts it again while tenants need it.
+  absl::Notification stop_mps_monitor_;
+  std::thread mps_monitor_;
 };
 
 /// The version string reported by GetServerInfo and --version.

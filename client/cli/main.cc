@@ -75,6 +75,8 @@ commands:
   tenant deregister ID
   tenant rotate-key ID
   server info
+  mps status                          MPS decision, control daemons, servers, clients
+  mps terminate TENANT                stop a tenant's queued GPU work
   tensor put FILE.npy                 upload (prints the new handle)
   tensor get HANDLE -o FILE.npy       download
   tensor ls | tensor rm HANDLE...
@@ -531,6 +533,52 @@ int ServerCommand(tessera::Client& client, const std::vector<std::string>& args)
   return 0;
 }
 
+int MpsCommand(tessera::Client& client, const std::vector<std::string>& args) {
+  if (args.size() == 3 && args[1] == "terminate") {
+    auto done = client.TerminateTenantWork(args[2]);
+    if (!done.ok()) return RpcError(done.status());
+    if (Json()) {
+      PrintJson(*done);
+      return 0;
+    }
+    std::cout << done->detail() << "\n";
+    return 0;
+  }
+  if (args.size() != 2 || args[1] != "status") {
+    return UsageError("mps: the commands are `mps status` and `mps terminate TENANT`");
+  }
+  auto status = client.GetMpsStatus();
+  if (!status.ok()) return RpcError(status.status());
+  if (Json()) {
+    PrintJson(*status);
+    return 0;
+  }
+  std::cout << "decision: " << tessera::v1::MpsDecision_Name(status->decision()) << " ("
+            << status->reason() << ")\n"
+            << "managed:  " << (status->managed() ? "yes (--mps_manage)" : "no") << "\n";
+  for (const auto& d : status->daemons()) {
+    std::cout << "daemon "
+              << (d.gpu() < 0 ? std::string("(all GPUs)") : absl::StrCat("gpu ", d.gpu())) << ": "
+              << (d.pid() > 0 ? absl::StrCat("pid ", d.pid()) : std::string("not running"))
+              << ", pipe " << d.pipe_directory();
+    if (d.managed()) std::cout << ", " << d.tenants() << " tenant(s)";
+    std::cout << "\n";
+    if (d.default_active_thread_percentage() > 0) {
+      std::cout << "  default active threads: " << d.default_active_thread_percentage() << "%\n";
+    }
+    if (!d.default_pinned_mem_limit().empty()) {
+      std::cout << "  default pinned memory limit (device 0): " << d.default_pinned_mem_limit()
+                << "\n";
+    }
+    for (const auto& s : d.servers()) {
+      std::cout << "  server " << s.pid() << ": " << tessera::v1::MpsServerState_Name(s.state())
+                << ", clients [" << absl::StrJoin(s.client_pids(), ", ") << "]\n";
+    }
+    if (!d.error().empty()) std::cout << "  error: " << d.error() << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -562,6 +610,7 @@ int main(int argc, char** argv) {
 
   if (args[0] == "tenant") return TenantCommand(**client, args);
   if (args[0] == "server") return ServerCommand(**client, args);
+  if (args[0] == "mps") return MpsCommand(**client, args);
   if (args[0] == "tensor") return TensorCommand(**client, args);
   if (args[0] == "run") return RunCommand(**client, args);
   if (args[0] == "kernels") return KernelsCommand(**client);

@@ -510,6 +510,22 @@ absl::StatusOr<JobInfo> TenantRuntime::CancelJob(absl::string_view id) {
   return info;
 }
 
+uint64_t TenantRuntime::CancelQueuedJobs() {
+  std::vector<std::string> queued;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) {
+      if (job->info.state == JobState::kQueued) queued.push_back(id);
+    }
+  }
+  uint64_t cancelled = 0;
+  for (const std::string& id : queued) {
+    absl::StatusOr<JobInfo> info = CancelJob(id);
+    if (info.ok() && info->state == JobState::kCancelled) ++cancelled;
+  }
+  return cancelled;
+}
+
 absl::Status TenantRuntime::WhenJobDone(absl::string_view id, JobCallback callback) {
   JobInfo info;
   {

@@ -169,6 +169,8 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   absl::StatusOr<JobInfo> GetJob(absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);
   /// Cancels a queued job (it will not run); a running or finished job is returned as is.
   absl::StatusOr<JobInfo> CancelJob(absl::string_view id) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Cancels every queued job (running ones finish); returns how many were cancelled.
+  uint64_t CancelQueuedJobs() ABSL_LOCKS_EXCLUDED(mu_);
 
   /// Calls `callback` once the job has finished (at once if it has), on any thread.
   absl::Status WhenJobDone(absl::string_view id, JobCallback callback) ABSL_LOCKS_EXCLUDED(mu_);

@@ -143,6 +143,18 @@ absl::StatusOr<TenantView> TenantTable::Get(absl::string_view id) const {
   return ViewOf(*it->second);
 }
 
+absl::StatusOr<std::shared_ptr<TenantRuntime>> TenantTable::RuntimeOf(absl::string_view id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = tenants_.find(id);
+  if (it == tenants_.end()) {
+    return absl::NotFoundError(absl::StrCat("tenant \"", id, "\" not found"));
+  }
+  if (it->second->runtime == nullptr) {
+    return absl::UnavailableError("the server is shutting down");
+  }
+  return it->second->runtime;
+}
+
 TenantTable::Page TenantTable::List(absl::string_view after, size_t limit) const {
   Page page;
   absl::ReaderMutexLock lock(&mu_);

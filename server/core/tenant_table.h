@@ -56,6 +56,9 @@ class TenantTable {
   absl::StatusOr<Registered> Register(TenantSpec spec) ABSL_LOCKS_EXCLUDED(mutation_mu_, mu_);
 
   absl::StatusOr<TenantView> Get(absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);
+  /// The runtime of tenant `id` (NOT_FOUND; UNAVAILABLE after ReleaseContexts).
+  absl::StatusOr<std::shared_ptr<TenantRuntime>> RuntimeOf(absl::string_view id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Page {
     std::vector<TenantView> tenants;

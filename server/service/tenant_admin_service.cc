@@ -3,10 +3,14 @@
 #include <memory>
 #include <utility>
 
+#include <unistd.h>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
+#include "server/common/logging.h"
 #include "server/common/status_macros.h"
 #include "server/core/admission.h"
 #include "server/core/validation.h"
@@ -62,12 +66,21 @@ absl::StatusOr<TenantTable::MetadataUpdate> UpdateFromRequest(
 
 TenantAdminService::TenantAdminService(TenantTable* tenants, const Backend* backend,
                                        const Authenticator* authenticator,
-                                       SerialExecutor* mutations, ServerFacts facts)
+                                       SerialExecutor* mutations, ServerFacts facts, MpsOps* mps)
     : tenants_(tenants),
       backend_(backend),
       authenticator_(authenticator),
       mutations_(mutations),
-      facts_(std::move(facts)) {}
+      facts_(std::move(facts)),
+      mps_(mps) {}
+
+void TenantAdminService::ReconcileMps() {
+  if (mps_ == nullptr || !mps_->managed()) return;
+  std::vector<uint32_t> tenants;
+  for (const DeviceLoad& load : tenants_->DeviceLoads()) tenants.push_back(load.contexts);
+  absl::Status s = mps_->Reconcile(tenants);
+  if (!s.ok()) spdlog::warn("--mps_manage: {}", s.message());
+}
 
 template <typename Body>
 grpc::ServerUnaryReactor* TenantAdminService::Serve(grpc::CallbackServerContext* context,
@@ -108,6 +121,7 @@ grpc::ServerUnaryReactor* TenantAdminService::RegisterTenant(
                               ", memory quota ",
                               FormatBytes(registered.tenant.record.quota.device_memory_bytes),
                               ", context ", ContextKindName(registered.tenant.context.kind)));
+        ReconcileMps();
         return absl::OkStatus();
       });
 }
@@ -180,6 +194,7 @@ grpc::ServerUnaryReactor* TenantAdminService::DeregisterTenant(
         TenantToProto(gone.tenant, response->mutable_tenant());
         response->set_released_memory_bytes(gone.released_memory_bytes);
         log.Info(absl::StrCat("deregistered; released ", FormatBytes(gone.released_memory_bytes)));
+        ReconcileMps();
         return absl::OkStatus();
       });
 }
@@ -229,6 +244,73 @@ grpc::ServerUnaryReactor* TenantAdminService::GetServerInfo(grpc::CallbackServer
                  response->set_tenant_count(tenant_count);
                  TimeToProto(facts_.start_time, response->mutable_start_time());
                  response->set_transport_security(facts_.transport_security);
+                 return absl::OkStatus();
+               });
+}
+
+grpc::ServerUnaryReactor* TenantAdminService::GetMpsStatus(grpc::CallbackServerContext* context,
+                                                           const v1::GetMpsStatusRequest*,
+                                                           v1::MpsStatus* response) {
+  // Asking the daemons runs processes (bounded by --mps_timeout): off the gRPC threads, on
+  // the admin executor.
+  return Serve(context, "GetMpsStatus", /*mutation=*/true,
+               [this, response](CallLog&) -> absl::Status {
+                 MpsState state = backend_->mps();
+                 response->set_decision(MpsDecisionToProto(state.decision));
+                 response->set_reason(state.reason);
+                 response->set_managed(mps_ != nullptr && mps_->managed());
+                 if (mps_ == nullptr) return absl::OkStatus();
+                 for (const MpsDaemonReport& r : mps_->Report()) {
+                   v1::MpsDaemon* d = response->add_daemons();
+                   d->set_gpu(r.gpu);
+                   d->set_pipe_directory(r.pipe_directory);
+                   d->set_pid(r.pid);
+                   d->set_managed(r.managed);
+                   d->set_tenants(r.tenants);
+                   for (const MpsServerReport& server : r.servers) {
+                     v1::MpsServer* s = d->add_servers();
+                     s->set_pid(server.pid);
+                     switch (server.state) {
+                       case MpsServerState::kInitializing:
+                         s->set_state(v1::MPS_SERVER_STATE_INITIALIZING);
+                         break;
+                       case MpsServerState::kActive:
+                         s->set_state(v1::MPS_SERVER_STATE_ACTIVE);
+                         break;
+                       case MpsServerState::kFault:
+                         s->set_state(v1::MPS_SERVER_STATE_FAULT);
+                         break;
+                       case MpsServerState::kUnknown:
+                         break;
+                     }
+                     for (pid_t c : server.clients) s->add_client_pids(c);
+                   }
+                   d->set_default_active_thread_percentage(r.default_active_thread_percentage);
+                   d->set_default_pinned_mem_limit(r.default_pinned_mem_limit);
+                   d->set_error(r.error);
+                 }
+                 return absl::OkStatus();
+               });
+}
+
+grpc::ServerUnaryReactor* TenantAdminService::TerminateTenantWork(
+    grpc::CallbackServerContext* context, const v1::TerminateTenantWorkRequest* request,
+    v1::TerminateTenantWorkResponse* response) {
+  return Serve(context, "TerminateTenantWork", /*mutation=*/true,
+               [this, request, response](CallLog& log) -> absl::Status {
+                 RETURN_IF_ERROR(ValidateTenantId(request->tenant_id()));
+                 log.set_tenant(request->tenant_id());
+                 ASSIGN_OR_RETURN(std::shared_ptr<TenantRuntime> runtime,
+                                  tenants_->RuntimeOf(request->tenant_id()));
+                 const uint64_t cancelled = runtime->CancelQueuedJobs();
+                 response->set_cancelled_jobs(cancelled);
+                 response->set_detail(absl::StrCat(
+                     "cancelled ", cancelled,
+                     " queued job(s); running jobs finish. MPS terminate_client was not used: it "
+                     "ends all GPU work of a client process, and every tenant's context lives in "
+                     "this server's process (pid ",
+                     getpid(), "), so it would stop every tenant"));
+                 log.Info(absl::StrCat("terminated work: ", cancelled, " queued job(s) cancelled"));
                  return absl::OkStatus();
                });
 }

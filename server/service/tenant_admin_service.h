@@ -8,6 +8,7 @@
 #include "server/backend/backend.h"
 #include "server/common/serial_executor.h"
 #include "server/core/tenant_table.h"
+#include "server/mps/ops.h"
 #include "server/service/auth.h"
 #include "tessera/v1/tenant_admin.grpc.pb.h"
 
@@ -31,7 +32,7 @@ class TenantAdminService final : public v1::TenantAdmin::CallbackService {
  public:
   TenantAdminService(TenantTable* tenants, const Backend* backend,
                      const Authenticator* authenticator, SerialExecutor* mutations,
-                     ServerFacts facts);
+                     ServerFacts facts, MpsOps* mps);
 
   grpc::ServerUnaryReactor* RegisterTenant(grpc::CallbackServerContext* context,
                                            const v1::RegisterTenantRequest* request,
@@ -54,6 +55,12 @@ class TenantAdminService final : public v1::TenantAdmin::CallbackService {
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::ServerInfo* response) override;
+  grpc::ServerUnaryReactor* GetMpsStatus(grpc::CallbackServerContext* context,
+                                         const v1::GetMpsStatusRequest* request,
+                                         v1::MpsStatus* response) override;
+  grpc::ServerUnaryReactor* TerminateTenantWork(grpc::CallbackServerContext* context,
+                                                const v1::TerminateTenantWorkRequest* request,
+                                                v1::TerminateTenantWorkResponse* response) override;
 
  private:
   /// Authorizes the admin, then runs `body` (returning absl::Status) inline or, when
@@ -67,6 +74,10 @@ class TenantAdminService final : public v1::TenantAdmin::CallbackService {
   const Authenticator* const authenticator_;
   SerialExecutor* const mutations_;
   const ServerFacts facts_;
+  MpsOps* const mps_;
+
+  /// Managed MPS daemons follow the tenants per device (logged when one cannot start).
+  void ReconcileMps();
 };
 
 }  // namespace tessera

@@ -59,6 +59,8 @@ class Client {
   absl::StatusOr<v1::DeregisterTenantResponse> DeregisterTenant(absl::string_view tenant_id);
   absl::StatusOr<v1::RotateTenantKeyResponse> RotateTenantKey(absl::string_view tenant_id);
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
+  absl::StatusOr<v1::MpsStatus> GetMpsStatus();
+  absl::StatusOr<v1::TerminateTenantWorkResponse> TerminateTenantWork(absl::string_view tenant_id);
 
   // ---- Compute (tenant API key) ----
   /// Called during transfers with (bytes done, bytes total).
