@@ -9,8 +9,8 @@ packages=(
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libsqlite3-dev libssl-dev libeigen3-dev libopenblas-dev
-  # tests
-  libgtest-dev libgmock-dev openssl
+  # tests (systemd-analyze and yamllint check deploy/)
+  libgtest-dev libgmock-dev openssl systemd yamllint
 )
 # --bench: also what the benchmark suite needs (tests/bench/run.sh): its plots.
 if [[ ${1:-} == --bench ]]; then
