@@ -29,6 +29,8 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "TESSERA_ADMIN_TOKEN environment variable overrides it");
 ABSL_FLAG(std::string, backend, "auto", "Execution backend: auto, cpu or cuda");
 ABSL_FLAG(std::string, mps, "auto", "MPS use: auto, require or off");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port for Prometheus metrics over HTTP (GET /metrics); empty: off");
 ABSL_FLAG(bool, mps_manage, false,
           "Run one MPS control daemon per GPU with tenants (quit when the last leaves and on "
           "shutdown), under --mps_base_dir");
@@ -138,6 +140,7 @@ int main(int argc, char** argv) {
   if (const char* env = std::getenv("TESSERA_ADMIN_TOKEN")) options.admin_token_env = env;
   options.backend.backend = absl::GetFlag(FLAGS_backend);
   options.backend.mps = absl::GetFlag(FLAGS_mps);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.mps_ops = tessera::MpsOpsOptions{.manage = absl::GetFlag(FLAGS_mps_manage),
                                            .base_directory = absl::GetFlag(FLAGS_mps_base_dir),
                                            .binary = absl::GetFlag(FLAGS_mps_control),

@@ -148,6 +148,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
                   .memory_overcommit = opts.memory_overcommit,
                   .start_time = absl::Now()},
       server->mps_.get());
+  if (!opts.metrics_listen.empty()) {
+    ASSIGN_OR_RETURN(
+        server->metrics_,
+        MetricsServer::Start(opts.metrics_listen, server->tenants_.get(), server->backend_.get()));
+    spdlog::info("metrics on http://{}:{}/metrics",
+                 opts.metrics_listen.substr(0, opts.metrics_listen.rfind(':')),
+                 server->metrics_->port());
+  }
   server->compute_service_ =
       std::make_unique<ComputeService>(server->authenticator_.get(), opts.max_message_bytes);
   return server;
@@ -198,6 +206,7 @@ void Server::Shutdown() {
   }
   // 3-4. Queued work is drained and the workers joined.
   if (mutations_ != nullptr) mutations_->Stop();
+  metrics_.reset();
   // 5. Tenant contexts released, then the managed MPS daemons told to quit.
   if (mps_monitor_.joinable()) {
     stop_mps_monitor_.Notify();

@@ -17,6 +17,7 @@
 #include "server/backend/select.h"
 #include "server/core/admin_token.h"
 #include "server/mps/ops.h"
+#include "server/service/metrics_http.h"
 
 namespace tessera {
 
@@ -40,6 +41,8 @@ struct ServerOptions {
   /// MPS operations (--mps_manage, --mps_base_dir, --mps_control, --mps_timeout); an empty
   /// base directory means <state_dir>/mps.
   MpsOpsOptions mps_ops;
+  /// --metrics_listen: Prometheus /metrics on this host:port; empty: off.
+  std::string metrics_listen;
   /// PEM files; cert and key together enable TLS, client_ca adds mutual TLS.
   std::string tls_cert;
   std::string tls_key;
@@ -104,6 +107,7 @@ class Server {
   std::unique_ptr<TenantAdminService> admin_service_;
   std::unique_ptr<ComputeService> compute_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<MetricsServer> metrics_;
   // --mps_manage: notices a daemon that died and starts it again while tenants need it.
   absl::Notification stop_mps_monitor_;
   std::thread mps_monitor_;

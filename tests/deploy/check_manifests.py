@@ -47,6 +47,16 @@ for path, ds in daemonsets:
             errors.append(f"{path}: {c['name']} requests no nvidia.com/gpu")
     if len(set(pipe.values())) != 1:
         errors.append(f"{path}: the daemon and the server use different pipe directories")
+    annotations = ds["spec"]["template"]["metadata"].get("annotations", {})
+    if annotations.get("prometheus.io/scrape") != "true":
+        errors.append(f"{path}: the pod template needs prometheus.io/scrape: \"true\"")
+    port = annotations.get("prometheus.io/port")
+    args = " ".join(server.get("args", []))
+    if port is None or f"--metrics_listen=0.0.0.0:{port}" not in args:
+        errors.append(f"{path}: prometheus.io/port must be the server's --metrics_listen port")
+    ports = {p.get("containerPort") for p in server.get("ports", [])}
+    if port is not None and int(port) not in ports:
+        errors.append(f"{path}: the metrics port {port} is not a container port")
     for probe in ("readinessProbe", "livenessProbe"):
         if "grpc" not in server.get(probe, {}):
             errors.append(f"{path}: the server's {probe} must use grpc.health.v1 (grpc:)")

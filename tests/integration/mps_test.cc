@@ -6,7 +6,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -175,6 +179,56 @@ TEST_F(MpsTest, AnUnmanagedDaemonIsFoundThroughThePipeDirectory) {
       absl::StrCat("echo quit | PATH=", PathWithFake(), " CUDA_MPS_PIPE_DIRECTORY=", pipe,
                    " nvidia-cuda-mps-control");
   EXPECT_EQ(std::system(quit.c_str()), 0);
+}
+
+// A free loopback port (bound, read, released; the server binds it right after).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  std::string request = "GET " + path + " HTTP/1.0\r\n\r\n";
+  (void)!write(fd, request.data(), request.size());
+  std::string response;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, n);
+  close(fd);
+  return response;
+}
+
+// The scrape target the Kubernetes manifests annotate: Prometheus text with device and
+// per-tenant series.
+TEST_F(MpsTest, MetricsEndpointServesPrometheusText) {
+  const int port = FreePort();
+  Start({absl::StrCat("--metrics_listen=127.0.0.1:", port)});
+  Register("alpha");
+  std::string response = HttpGet(port, "/metrics");
+  EXPECT_THAT(response, HasSubstr("HTTP/1.0 200 OK"));
+  EXPECT_THAT(response, HasSubstr("text/plain; version=0.0.4"));
+  EXPECT_THAT(response, HasSubstr("# TYPE tessera_device_reserved_bytes gauge"));
+  EXPECT_THAT(response, HasSubstr("tessera_device_reserved_bytes{device=\"0\"} 1073741824"));
+  EXPECT_THAT(response, HasSubstr("tessera_device_tenants{device=\"0\"} 1"));
+  EXPECT_THAT(response,
+              HasSubstr("tessera_tenant_memory_quota_bytes{tenant=\"alpha\"} 1073741824"));
+  EXPECT_THAT(response, HasSubstr("# TYPE tessera_tenant_jobs_succeeded_total counter"));
+  EXPECT_THAT(HttpGet(port, "/other"), HasSubstr("404"));
 }
 
 }  // namespace
