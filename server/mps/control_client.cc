@@ -39,6 +39,20 @@ void CloseAll(std::initializer_list<int*> fds) {
 
 }  // namespace
 
+std::vector<std::string> EnvironmentWith(
+    const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    bool replaced = false;
+    for (const auto& [name, value] : overrides) {
+      replaced = replaced || absl::StartsWith(*e, absl::StrCat(name, "="));
+    }
+    if (!replaced) env.emplace_back(*e);
+  }
+  for (const auto& [name, value] : overrides) env.push_back(absl::StrCat(name, "=", value));
+  return env;
+}
+
 absl::string_view MpsServerStateName(MpsServerState state) {
   switch (state) {
     case MpsServerState::kInitializing:
@@ -131,11 +145,8 @@ absl::StatusOr<std::string> MpsControlClient::Run(absl::string_view command) con
   posix_spawn_file_actions_adddup2(&actions, in[0], 0);
   posix_spawn_file_actions_adddup2(&actions, out[1], 1);
   posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-  std::vector<std::string> env_storage;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (!absl::StartsWith(*e, "CUDA_MPS_PIPE_DIRECTORY=")) env_storage.emplace_back(*e);
-  }
-  env_storage.push_back(absl::StrCat("CUDA_MPS_PIPE_DIRECTORY=", options_.pipe_directory));
+  std::vector<std::string> env_storage =
+      EnvironmentWith({{"CUDA_MPS_PIPE_DIRECTORY", options_.pipe_directory}});
   std::vector<char*> envp;
   for (std::string& e : env_storage) envp.push_back(e.data());
   envp.push_back(nullptr);

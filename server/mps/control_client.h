@@ -37,6 +37,11 @@ absl::StatusOr<MpsServerState> ParseServerState(absl::string_view text);
 absl::StatusOr<std::vector<MpsClientProcess>> ParsePs(absl::string_view text);
 absl::StatusOr<double> ParsePercentage(absl::string_view text);
 
+/// This process's environment with `overrides` (NAME, value) replacing or adding variables,
+/// as "NAME=value" strings for posix_spawn.
+std::vector<std::string> EnvironmentWith(
+    const std::vector<std::pair<std::string, std::string>>& overrides);
+
 class MpsControlClient {
  public:
   struct Options {

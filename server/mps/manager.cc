@@ -15,8 +15,6 @@
 
 #include "server/backend/mps_probe.h"
 
-extern char** environ;
-
 namespace tessera {
 namespace {
 
@@ -98,17 +96,10 @@ absl::Status MpsManager::StartLocked(Daemon& d) {
     spdlog::info("MPS control daemon for GPU {} already running (pid {}); using it", d.gpu, d.pid);
     return absl::OkStatus();
   }
-  std::vector<std::string> env_storage;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (!absl::StartsWith(*e, "CUDA_VISIBLE_DEVICES=") &&
-        !absl::StartsWith(*e, "CUDA_MPS_PIPE_DIRECTORY=") &&
-        !absl::StartsWith(*e, "CUDA_MPS_LOG_DIRECTORY=")) {
-      env_storage.emplace_back(*e);
-    }
-  }
-  env_storage.push_back(absl::StrCat("CUDA_VISIBLE_DEVICES=", d.gpu));
-  env_storage.push_back(absl::StrCat("CUDA_MPS_PIPE_DIRECTORY=", d.pipe_directory));
-  env_storage.push_back(absl::StrCat("CUDA_MPS_LOG_DIRECTORY=", d.log_directory));
+  std::vector<std::string> env_storage =
+      EnvironmentWith({{"CUDA_VISIBLE_DEVICES", absl::StrCat(d.gpu)},
+                       {"CUDA_MPS_PIPE_DIRECTORY", d.pipe_directory},
+                       {"CUDA_MPS_LOG_DIRECTORY", d.log_directory}});
   std::vector<char*> envp;
   for (std::string& e : env_storage) envp.push_back(e.data());
   envp.push_back(nullptr);
