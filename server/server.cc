@@ -124,15 +124,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   spdlog::info("restored {} tenant(s) from {}", server->tenants_->size(),
                server->state_dir_->File("tenants.db"));
   if (server->mps_->managed()) {
-    auto reconcile = [s = server.get()] {
-      std::vector<uint32_t> tenants;
-      for (const DeviceLoad& load : s->tenants_->DeviceLoads()) tenants.push_back(load.contexts);
-      absl::Status status = s->mps_->Reconcile(tenants);
-      if (!status.ok()) spdlog::warn("--mps_manage: {}", status.message());
-    };
-    reconcile();
-    server->mps_monitor_ = std::thread([s = server.get(), reconcile] {
-      while (!s->stop_mps_monitor_.WaitForNotificationWithTimeout(absl::Seconds(2))) reconcile();
+    server->mps_->Reconcile(server->tenants_->TenantsPerDevice());
+    server->mps_monitor_ = std::thread([s = server.get()] {
+      while (!s->stop_mps_monitor_.WaitForNotificationWithTimeout(absl::Seconds(2))) {
+        s->mps_->Reconcile(s->tenants_->TenantsPerDevice());
+      }
     });
   }
 

@@ -54,14 +54,17 @@ MpsProbe ProbeMps(const char* pipe_directory_env) {
   probe.daemon_pid = static_cast<pid_t>(pid);
   // Another user's daemon: signalling it is refused (EPERM), or, for root, which may signal
   // anyone, its /proc entry belongs to someone else.
+  const pid_t daemon = static_cast<pid_t>(pid);
   struct stat proc {};
-  const bool alive = ProcessAlive(static_cast<pid_t>(pid));
+  const bool alive = ProcessAlive(daemon);
   const bool foreign =
-      alive && stat(absl::StrCat("/proc/", pid).c_str(), &proc) == 0 && proc.st_uid != geteuid();
+      alive &&
+      ((kill(daemon, 0) != 0 && errno == EPERM) ||
+       (stat(absl::StrCat("/proc/", pid).c_str(), &proc) == 0 && proc.st_uid != geteuid()));
   if (alive && !foreign) {
     probe.daemon_running = true;
     probe.summary = absl::StrCat("MPS control daemon running (pid ", pid, ", ", where, ")");
-  } else if (foreign || (!alive && kill(static_cast<pid_t>(pid), 0) != 0 && errno == EPERM)) {
+  } else if (foreign) {
     probe.daemon_running = true;
     probe.daemon_other_user = true;
     probe.summary = absl::StrCat("MPS control daemon pid ", pid, " (", where,

@@ -264,6 +264,12 @@ std::vector<DeviceLoad> TenantTable::DeviceLoadsLocked() const {
   return loads;
 }
 
+std::vector<uint32_t> TenantTable::TenantsPerDevice() const {
+  std::vector<uint32_t> tenants;
+  for (const DeviceLoad& load : DeviceLoads()) tenants.push_back(load.contexts);
+  return tenants;
+}
+
 std::vector<DeviceLoad> TenantTable::DeviceLoads() const {
   absl::ReaderMutexLock lock(&mu_);
   return DeviceLoadsLocked();

@@ -108,6 +108,8 @@ class TenantTable {
 
   /// Per device: its info, reserved bytes and tenant count.
   std::vector<DeviceLoad> DeviceLoads() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Tenants placed on each device (index: device).
+  std::vector<uint32_t> TenantsPerDevice() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
   /// Closes every tenant runtime (cancels queued jobs, waits for running ones, frees tensors,

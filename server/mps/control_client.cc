@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -35,6 +36,21 @@ void CloseAll(std::initializer_list<int*> fds) {
     if (*fd >= 0) close(*fd);
     *fd = -1;
   }
+}
+
+// Writes to a pipe whose reader may already have exited, without a process-wide SIGPIPE
+// disposition: SIGPIPE is blocked for this thread during the write, and one it raised is
+// consumed before unblocking.
+void WriteWithoutSigpipe(int fd, const std::string& data) {
+  sigset_t pipe_only, previous;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_only, &previous);
+  if (write(fd, data.data(), data.size()) < 0 && errno == EPIPE) {
+    const timespec no_wait{0, 0};
+    sigtimedwait(&pipe_only, nullptr, &no_wait);
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }
 
 }  // namespace
@@ -165,8 +181,7 @@ absl::StatusOr<std::string> MpsControlClient::Run(absl::string_view command) con
   // The command is a few bytes: the pipe takes it whole. A daemon that never reads it is
   // caught by the deadline below.
   const std::string line = absl::StrCat(command, "\n");
-  signal(SIGPIPE, SIG_IGN);
-  (void)!write(in[1], line.data(), line.size());
+  WriteWithoutSigpipe(in[1], line);
   CloseAll({&in[1]});
 
   const absl::Time deadline = absl::Now() + options_.timeout;

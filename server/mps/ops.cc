@@ -2,7 +2,10 @@
 
 #include <cstdlib>
 
+#include "spdlog/spdlog.h"
+
 #include "server/backend/mps_probe.h"
+#include "server/common/logging.h"
 
 namespace tessera {
 
@@ -22,9 +25,10 @@ absl::Status MpsOps::Start(int gpus) {
   return manager_->CheckOwnership(all);
 }
 
-absl::Status MpsOps::Reconcile(const std::vector<uint32_t>& tenants_per_gpu) {
-  if (manager_ == nullptr) return absl::OkStatus();
-  return manager_->Reconcile(tenants_per_gpu);
+void MpsOps::Reconcile(const std::vector<uint32_t>& tenants_per_gpu) {
+  if (manager_ == nullptr) return;
+  absl::Status status = manager_->Reconcile(tenants_per_gpu);
+  if (!status.ok()) spdlog::warn("--mps_manage: {}", status.message());
 }
 
 void MpsOps::Shutdown() {

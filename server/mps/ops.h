@@ -52,8 +52,9 @@ class MpsOps {
   /// Managed: refuses (FAILED_PRECONDITION) when another user's daemon owns a pipe directory
   /// of GPUs 0..gpus-1.
   absl::Status Start(int gpus);
-  /// Managed: daemons follow the tenants per GPU (index: GPU). No-op otherwise.
-  absl::Status Reconcile(const std::vector<uint32_t>& tenants_per_gpu);
+  /// Managed: daemons follow the tenants per GPU (index: GPU); a daemon that cannot start is
+  /// logged and reported by Report(). No-op otherwise.
+  void Reconcile(const std::vector<uint32_t>& tenants_per_gpu);
   /// Managed: quits the daemons. Idempotent.
   void Shutdown();
 

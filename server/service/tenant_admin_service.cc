@@ -74,14 +74,6 @@ TenantAdminService::TenantAdminService(TenantTable* tenants, const Backend* back
       facts_(std::move(facts)),
       mps_(mps) {}
 
-void TenantAdminService::ReconcileMps() {
-  if (mps_ == nullptr || !mps_->managed()) return;
-  std::vector<uint32_t> tenants;
-  for (const DeviceLoad& load : tenants_->DeviceLoads()) tenants.push_back(load.contexts);
-  absl::Status s = mps_->Reconcile(tenants);
-  if (!s.ok()) spdlog::warn("--mps_manage: {}", s.message());
-}
-
 template <typename Body>
 grpc::ServerUnaryReactor* TenantAdminService::Serve(grpc::CallbackServerContext* context,
                                                     const char* rpc, bool mutation, Body body) {
@@ -121,7 +113,7 @@ grpc::ServerUnaryReactor* TenantAdminService::RegisterTenant(
                               ", memory quota ",
                               FormatBytes(registered.tenant.record.quota.device_memory_bytes),
                               ", context ", ContextKindName(registered.tenant.context.kind)));
-        ReconcileMps();
+        if (mps_ != nullptr) mps_->Reconcile(tenants_->TenantsPerDevice());
         return absl::OkStatus();
       });
 }
@@ -194,7 +186,7 @@ grpc::ServerUnaryReactor* TenantAdminService::DeregisterTenant(
         TenantToProto(gone.tenant, response->mutable_tenant());
         response->set_released_memory_bytes(gone.released_memory_bytes);
         log.Info(absl::StrCat("deregistered; released ", FormatBytes(gone.released_memory_bytes)));
-        ReconcileMps();
+        if (mps_ != nullptr) mps_->Reconcile(tenants_->TenantsPerDevice());
         return absl::OkStatus();
       });
 }

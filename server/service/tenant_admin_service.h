@@ -74,10 +74,8 @@ class TenantAdminService final : public v1::TenantAdmin::CallbackService {
   const Authenticator* const authenticator_;
   SerialExecutor* const mutations_;
   const ServerFacts facts_;
+  /// Managed MPS daemons follow the tenants per device after each registration change.
   MpsOps* const mps_;
-
-  /// Managed MPS daemons follow the tenants per device (logged when one cannot start).
-  void ReconcileMps();
 };
 
 }  // namespace tessera

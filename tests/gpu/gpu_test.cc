@@ -20,17 +20,13 @@
 #include "server/backend/cpu/cpu_backend.h"
 #include "server/backend/cuda_module.h"
 #include "server/backend/select.h"
+#include "tests/testing/host_tensor.h"
 
 namespace tessera {
 namespace {
 
 using kernels::DType;
 using kernels::TensorMeta;
-
-size_t Bytes(const TensorMeta& meta) {
-  return static_cast<size_t>(kernels::CheckedNumElements(meta.shape)) *
-         kernels::DTypeSize(meta.dtype);
-}
 
 Quota TestQuota(uint32_t share = 50, uint32_t streams = 2) {
   return Quota{.device_memory_bytes = 1ull << 30,
@@ -44,34 +40,32 @@ Quota TestQuota(uint32_t share = 50, uint32_t streams = 2) {
 struct Runner {
   std::unique_ptr<TenantContext> context;
 
-  absl::StatusOr<std::vector<std::string>> Run(const kernels::Plan& plan,
-                                               const std::vector<std::string>& inputs,
-                                               int stream = 0) {
+  absl::StatusOr<std::vector<testing::HostTensor>> Run(
+      const kernels::Plan& plan, const std::vector<testing::HostTensor>& inputs, int stream = 0) {
     Step step;
     step.plan = plan;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      auto b = context->Allocate(inputs[i].size());
+    for (const testing::HostTensor& in : inputs) {
+      auto b = context->Allocate(in.bytes.size());
       if (!b.ok()) return b.status();
-      if (!inputs[i].empty()) {
-        absl::Status s = context->CopyIn(**b, 0, inputs[i].data(), inputs[i].size());
+      if (!in.bytes.empty()) {
+        absl::Status s = context->CopyIn(**b, 0, in.data(), in.bytes.size());
         if (!s.ok()) return s;
       }
       step.inputs.push_back(*b);
     }
+    std::vector<testing::HostTensor> result;
     for (const TensorMeta& out : plan.outputs) {
-      auto b = context->Allocate(Bytes(out));
+      result.emplace_back(out.dtype, out.shape);
+      auto b = context->Allocate(result.back().bytes.size());
       if (!b.ok()) return b.status();
       step.outputs.push_back(*b);
     }
     std::vector<std::shared_ptr<DeviceBuffer>> outputs = step.outputs;
     absl::Status status = Wait(stream, {std::move(step)});
     if (!status.ok()) return status;
-    std::vector<std::string> result;
-    for (auto& b : outputs) {
-      std::string bytes(b->size(), '\0');
-      absl::Status s = context->CopyOut(*b, 0, bytes.data(), bytes.size());
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      absl::Status s = context->CopyOut(*outputs[i], 0, result[i].data(), result[i].bytes.size());
       if (!s.ok()) return s;
-      result.push_back(std::move(bytes));
     }
     return result;
   }
@@ -114,93 +108,6 @@ class GpuTest : public ::testing::Test {
 };
 
 // ---- the catalog against the CPU backend ----------------------------------------------------
-
-std::string RandomBytes(const TensorMeta& meta, std::mt19937& rng, bool positive) {
-  const int64_t n = kernels::CheckedNumElements(meta.shape);
-  std::string out(Bytes(meta), '\0');
-  std::uniform_real_distribution<double> real(positive ? 0.1 : -2.0, positive ? 3.0 : 2.0);
-  std::uniform_int_distribution<int> integer(-50, 50);
-  for (int64_t i = 0; i < n; ++i) {
-    char* p = out.data() + i * kernels::DTypeSize(meta.dtype);
-    switch (meta.dtype) {
-      case DType::kF32: {
-        float v = static_cast<float>(real(rng));
-        std::memcpy(p, &v, 4);
-        break;
-      }
-      case DType::kF64: {
-        double v = real(rng);
-        std::memcpy(p, &v, 8);
-        break;
-      }
-      case DType::kF16: {
-        uint16_t v = kernels::F32ToF16(static_cast<float>(real(rng)));
-        std::memcpy(p, &v, 2);
-        break;
-      }
-      case DType::kBF16: {
-        uint16_t v = kernels::F32ToBF16(static_cast<float>(real(rng)));
-        std::memcpy(p, &v, 2);
-        break;
-      }
-      case DType::kI32: {
-        int32_t v = integer(rng);
-        std::memcpy(p, &v, 4);
-        break;
-      }
-      case DType::kI64: {
-        int64_t v = integer(rng);
-        std::memcpy(p, &v, 8);
-        break;
-      }
-      case DType::kU8:
-        *p = static_cast<char>(integer(rng) + 50);
-        break;
-      case DType::kBool:
-        *p = static_cast<char>(integer(rng) > 0);
-        break;
-    }
-  }
-  return out;
-}
-
-double Element(const std::string& bytes, DType dtype, int64_t i) {
-  const char* p = bytes.data() + i * kernels::DTypeSize(dtype);
-  switch (dtype) {
-    case DType::kF32: {
-      float v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DType::kF64: {
-      double v;
-      std::memcpy(&v, p, 8);
-      return v;
-    }
-    case DType::kF16: {
-      uint16_t v;
-      std::memcpy(&v, p, 2);
-      return kernels::F16ToF32(v);
-    }
-    case DType::kBF16: {
-      uint16_t v;
-      std::memcpy(&v, p, 2);
-      return kernels::BF16ToF32(v);
-    }
-    case DType::kI32: {
-      int32_t v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DType::kI64: {
-      int64_t v;
-      std::memcpy(&v, p, 8);
-      return static_cast<double>(v);
-    }
-    default:
-      return static_cast<unsigned char>(*p);
-  }
-}
 
 double Tolerance(DType dtype, const std::string& kernel) {
   const double scale = kernel == "matmul" ? 8 : 1;
@@ -301,8 +208,11 @@ TEST_F(GpuTest, EveryCatalogKernelMatchesTheCpuBackend) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     const bool positive =
         c.kernel == "log" || c.kernel == "sqrt" || c.kernel == "rsqrt" || c.kernel == "pow";
-    std::vector<std::string> inputs;
-    for (const TensorMeta& m : plan->inputs) inputs.push_back(RandomBytes(m, rng, positive));
+    std::vector<testing::HostTensor> inputs;
+    for (const TensorMeta& m : plan->inputs) {
+      inputs.emplace_back(m.dtype, m.shape);
+      inputs.back().Randomize(rng, positive ? 0.1 : -2.0, positive ? 3.0 : 2.0);
+    }
     auto want = cpu.Run(*plan, inputs);
     auto got = gpu.Run(*plan, inputs);
     ASSERT_TRUE(want.ok()) << want.status();
@@ -310,11 +220,11 @@ TEST_F(GpuTest, EveryCatalogKernelMatchesTheCpuBackend) {
     for (size_t o = 0; o < plan->outputs.size(); ++o) {
       const TensorMeta& meta = plan->outputs[o];
       const double tolerance = Tolerance(meta.dtype, c.kernel);
-      const int64_t n = kernels::CheckedNumElements(meta.shape);
+      const int64_t n = (*want)[o].size();
       int mismatches = 0;
       for (int64_t i = 0; i < n && mismatches < 5; ++i) {
-        double w = Element((*want)[o], meta.dtype, i);
-        double g = Element((*got)[o], meta.dtype, i);
+        double w = (*want)[o].Get(i);
+        double g = (*got)[o].Get(i);
         bool same = (std::isnan(w) && std::isnan(g)) || w == g ||
                     std::abs(w - g) <= tolerance * std::max(1.0, std::abs(w));
         if (!same) {

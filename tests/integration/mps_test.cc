@@ -18,6 +18,7 @@
 
 #include "server/backend/mps_probe.h"
 #include "tessera/client.h"
+#include "tests/testing/fake_mps.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
 
@@ -30,12 +31,7 @@ constexpr uint64_t kGiB = uint64_t{1} << 30;
 
 std::string PathWithFake() {
   const char* path = std::getenv("PATH");
-  return absl::StrCat(TESSERA_FAKE_MPS_DIR, ":", path == nullptr ? "/usr/bin:/bin" : path);
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  return absl::StrCat(testing::FakeMpsBinDir(), ":", path == nullptr ? "/usr/bin:/bin" : path);
 }
 
 class MpsTest : public ::testing::Test {
@@ -93,7 +89,7 @@ TEST_F(MpsTest, ManagedDaemonFollowsTheTenantsAndReportsThroughTheApiAndCli) {
   MpsProbe probe = ProbeMps(pipe.c_str());
   ASSERT_TRUE(probe.daemon_running) << probe.summary;
   const pid_t daemon = *probe.daemon_pid;
-  EXPECT_THAT(ReadFile(absl::StrCat(pipe, "/fake_env_", daemon)),
+  EXPECT_THAT(testing::ReadText(absl::StrCat(pipe, "/fake_env_", daemon)),
               HasSubstr("CUDA_VISIBLE_DEVICES=0\n"));
   // What the daemon says shows up in GetMpsStatus.
   std::ofstream(pipe + "/fake_servers") << "4242\n";
@@ -128,7 +124,7 @@ TEST_F(MpsTest, ManagedDaemonFollowsTheTenantsAndReportsThroughTheApiAndCli) {
   EXPECT_TRUE(ProbeMps(pipe.c_str()).daemon_running);
   ASSERT_TRUE(admin_->DeregisterTenant("beta").ok());
   EXPECT_FALSE(ProbeMps(pipe.c_str()).daemon_running);
-  EXPECT_THAT(ReadFile(pipe + "/fake_commands"), HasSubstr("quit"));
+  EXPECT_THAT(testing::ReadText(pipe + "/fake_commands"), HasSubstr("quit"));
 
   // Shutdown quits a daemon that still has tenants.
   Register("gamma");

@@ -13,6 +13,12 @@
 
 namespace tessera::testing {
 
+/// A file's whole text ("" when it cannot be read).
+inline std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 /// The fake's directory; tests put it first on PATH (FakeMps does in its constructor).
 inline std::string FakeMpsBinDir() { return TESSERA_FAKE_MPS_DIR; }
 
@@ -47,10 +53,7 @@ class FakeMps {
   void Write(const std::string& name, const std::string& text) const {
     std::ofstream(dir_ + "/" + name) << text;
   }
-  std::string Read(const std::string& name) const {
-    std::ifstream in(dir_ + "/" + name);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string Read(const std::string& name) const { return ReadText(dir_ + "/" + name); }
   MpsControlClient Client() const { return MpsControlClient({.pipe_directory = dir_}); }
   const std::string& dir() const { return dir_; }
 

@@ -19,11 +19,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 class MpsManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -46,7 +41,8 @@ TEST_F(MpsManagerTest, OneDaemonPerGpuCountedByTenantsQuitWithTheLastAndOnShutdo
     SCOPED_TRACE(gpu);
     EXPECT_GT(d[gpu].pid, 0);
     EXPECT_EQ(d[gpu].pipe_directory, absl::StrCat(base_, "/gpu", gpu, "/pipe"));
-    std::string env = ReadFile(absl::StrCat(d[gpu].pipe_directory, "/fake_env_", d[gpu].pid));
+    std::string env =
+        testing::ReadText(absl::StrCat(d[gpu].pipe_directory, "/fake_env_", d[gpu].pid));
     EXPECT_THAT(env, HasSubstr(absl::StrCat("CUDA_VISIBLE_DEVICES=", gpu, "\n")));
     EXPECT_THAT(env, HasSubstr(absl::StrCat(base_, "/gpu", gpu, "/log")));
   }
@@ -59,12 +55,14 @@ TEST_F(MpsManagerTest, OneDaemonPerGpuCountedByTenantsQuitWithTheLastAndOnShutdo
   EXPECT_EQ(manager.daemons()[0].pid, 0);
   for (int i = 0; i < 200 && ProcessAlive(gpu0); ++i) usleep(10000);
   EXPECT_FALSE(ProcessAlive(gpu0));
-  EXPECT_THAT(ReadFile(absl::StrCat(base_, "/gpu0/pipe/fake_commands")), HasSubstr("quit"));
+  EXPECT_THAT(testing::ReadText(absl::StrCat(base_, "/gpu0/pipe/fake_commands")),
+              HasSubstr("quit"));
   EXPECT_EQ(manager.daemons()[1].pid, gpu1);
   // Shutdown quits the rest.
   manager.Shutdown();
   EXPECT_EQ(manager.daemons()[1].pid, 0);
-  EXPECT_THAT(ReadFile(absl::StrCat(base_, "/gpu1/pipe/fake_commands")), HasSubstr("quit"));
+  EXPECT_THAT(testing::ReadText(absl::StrCat(base_, "/gpu1/pipe/fake_commands")),
+              HasSubstr("quit"));
 }
 
 TEST_F(MpsManagerTest, ADaemonThatDiedIsStartedAgainWhileTenantsNeedIt) {
