@@ -56,6 +56,18 @@ int GreenSmCount(uint32_t share_percent, int device_sms, int min_partition, int 
   return std::min(count, device_sms);
 }
 
+std::vector<int> PickSmGroups(const std::vector<int>& users, int group_sms, int sm_count) {
+  if (users.empty() || group_sms <= 0) return {};
+  const size_t wanted = std::clamp<size_t>(
+      static_cast<size_t>((std::max(sm_count, 1) + group_sms - 1) / group_sms), 1, users.size());
+  std::vector<int> order(users.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return users[a] < users[b]; });
+  order.resize(wanted);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
 ContextPlan PlanContext(MpsDecision mps, absl::string_view mps_reason, const GreenSupport& green,
                         uint32_t share_percent, int device_sms) {
   ContextPlan plan;

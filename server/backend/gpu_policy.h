@@ -6,6 +6,7 @@
 // admits, and what a CUDA driver error means for the tenant and its context.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -33,6 +34,13 @@ struct GreenSupport {
 /// to the partition minimum and to a multiple of the alignment, at most `device_sms`.
 /// 0 when the device reports no SMs.
 int GreenSmCount(uint32_t share_percent, int device_sms, int min_partition, int alignment);
+
+/// Which of a device's equal SM groups (one split of the device) a green context takes to
+/// hold `sm_count` SMs: ceil(sm_count / group_sms) groups, the least used first (`users[i]`:
+/// live green contexts on group i; ties to the lower index). Tenants whose shares fit on the
+/// device so get disjoint SMs, and an overcommitted device is shared evenly; without this
+/// every tenant would get the split's first group. Empty when there are no groups.
+std::vector<int> PickSmGroups(const std::vector<int>& users, int group_sms, int sm_count);
 
 /// The context a tenant is to get, before the driver is asked.
 struct ContextPlan {

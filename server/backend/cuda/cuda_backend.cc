@@ -34,6 +34,10 @@ struct Incarnation {
   CUstream copy = nullptr;
   cublasHandle_t blas = nullptr;
   int sms = 0;
+  // A green context's SM groups, returned to `owner` when it goes.
+  CudaBackend* owner = nullptr;
+  int device = 0;
+  std::vector<int> sm_groups;
   std::atomic<bool> lost{false};
   void* staging[2] = {nullptr, nullptr};
   CUevent staging_done[2] = {nullptr, nullptr};
@@ -54,6 +58,8 @@ struct Incarnation {
       driver->cuCtxDestroy(context);
     }
     context = nullptr;
+    if (owner != nullptr && !sm_groups.empty()) owner->ReleaseSmGroups(device, sm_groups);
+    sm_groups.clear();
   }
   ~Incarnation() { Destroy(); }
 };
@@ -82,6 +88,19 @@ class CudaBuffer final : public DeviceBuffer {
 };
 
 void CUDA_CB WakeBackend(void* backend);
+
+// "0-4, 7, 9-10".
+std::string GroupList(const std::vector<int>& groups) {
+  std::string out;
+  for (size_t i = 0; i < groups.size();) {
+    size_t j = i;
+    while (j + 1 < groups.size() && groups[j + 1] == groups[j] + 1) ++j;
+    absl::StrAppend(&out, out.empty() ? "" : ", ", groups[i]);
+    if (j > i) absl::StrAppend(&out, "-", groups[j]);
+    i = j + 1;
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -207,12 +226,16 @@ class CudaContext final : public TenantContext {
     return busy_;
   }
 
-  /// Collects finished jobs into `finished`; returns the sticky error seen, if any.
+  /// Collects finished jobs into `finished`; returns the sticky error that faulted this
+  /// context since the last call, wherever it was seen (a job, an allocation, a copy), so
+  /// that the backend looks at the rest of the device once per fault.
   CUresult Poll(std::vector<Finished>& finished, bool& busy) {
     absl::MutexLock lock(&mu_);
-    CUresult r = PollLocked(finished);
+    PollLocked(finished);
     for (const auto& queue : pending_) busy = busy || !queue.empty();
-    return r;
+    const CUresult fault = unreported_fault_;
+    unreported_fault_ = CUDA_SUCCESS;
+    return fault;
   }
 
   /// Whether this context reports a sticky error now (after a fault elsewhere on its
@@ -294,25 +317,35 @@ class CudaContext final : public TenantContext {
       CUcontext popped = nullptr;
       driver_.cuCtxPopCurrent(&popped);
     } else if (plan_.kind == ContextKind::kGreen) {
-      CUdevResource device_sms{};
-      CUdevResource part{};
-      unsigned int groups = 1;
+      int shared = 0;
+      std::vector<int> groups =
+          backend_->AcquireSmGroups(request_.device_index, plan_.sm_count, shared);
+      std::vector<CUdevResource> parts;
+      for (int g : groups) parts.push_back(gpu.sm_groups[static_cast<size_t>(g)]);
       CUdevResourceDesc desc = nullptr;
-      r = driver_.cuDeviceGetDevResource(gpu.device, &device_sms, CU_DEV_RESOURCE_TYPE_SM);
-      if (r == CUDA_SUCCESS) {
-        r = driver_.cuDevSmResourceSplitByCount(&part, &groups, &device_sms, nullptr, 0,
-                                                static_cast<unsigned int>(plan_.sm_count));
-      }
-      if (r == CUDA_SUCCESS && groups == 0) r = CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
-      if (r == CUDA_SUCCESS) r = driver_.cuDevResourceGenerateDesc(&desc, &part, 1);
+      r = parts.empty() ? CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION
+                        : driver_.cuDevResourceGenerateDesc(
+                              &desc, parts.data(), static_cast<unsigned int>(parts.size()));
       if (r == CUDA_SUCCESS) {
         r = driver_.cuGreenCtxCreate(&inc->green, desc, gpu.device, CU_GREEN_CTX_DEFAULT_STREAM);
       }
       if (r == CUDA_SUCCESS) r = driver_.cuCtxFromGreenCtx(&inc->context, inc->green);
       if (r == CUDA_SUCCESS) {
-        inc->sms = static_cast<int>(part.sm.smCount);
-        info.reason = absl::StrCat(info.reason, "; the driver granted ", inc->sms, " SMs");
+        inc->sms = 0;
+        for (const CUdevResource& part : parts) inc->sms += static_cast<int>(part.sm.smCount);
+        inc->owner = backend_;
+        inc->device = request_.device_index;
+        inc->sm_groups = groups;
+        info.reason = absl::StrCat(info.reason, "; the driver granted ", inc->sms,
+                                   " SMs: SM groups ", GroupList(groups), " of ",
+                                   gpu.sm_groups.size(), " (", gpu.group_sms, " SMs each)",
+                                   shared == 0 ? ""
+                                               : absl::StrCat(", ", shared,
+                                                              " of them shared with other "
+                                                              "tenants (the device is "
+                                                              "overcommitted)"));
       } else {
+        backend_->ReleaseSmGroups(request_.device_index, groups);
         if (inc->green != nullptr) driver_.cuGreenCtxDestroy(inc->green);
         inc->green = nullptr;
         inc->context = nullptr;
@@ -528,7 +561,7 @@ class CudaContext final : public TenantContext {
     return absl::OkStatus();
   }
 
-  CUresult PollLocked(std::vector<Finished>& finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void PollLocked(std::vector<Finished>& finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (Finished& f : orphaned_) finished.push_back(std::move(f));
     orphaned_.clear();
     for (auto& queue : pending_) {
@@ -541,7 +574,7 @@ class CudaContext final : public TenantContext {
         if (r != CUDA_SUCCESS) {
           if (ClassifyCudaError(r).sticky) {
             FaultLocked(r, finished);
-            return r;
+            return;
           }
           p.result = ExecResult{driver_.Check(r, "running a job"), 0};
         } else {
@@ -557,7 +590,6 @@ class CudaContext final : public TenantContext {
         queue.pop_front();
       }
     }
-    return CUDA_SUCCESS;
   }
 
   // A sticky error: every queued job fails, the tensors are lost, the context is destroyed;
@@ -577,8 +609,7 @@ class CudaContext final : public TenantContext {
       queue.clear();  // events die with the context
     }
     current_->Destroy();
-    fault_device_ = true;
-    last_error_ = error;
+    unreported_fault_ = error;
   }
 
   friend class CudaBackend;
@@ -594,8 +625,8 @@ class CudaContext final : public TenantContext {
   std::vector<std::deque<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<Finished> orphaned_ ABSL_GUARDED_BY(mu_);
   absl::Duration busy_ ABSL_GUARDED_BY(mu_);
-  bool fault_device_ ABSL_GUARDED_BY(mu_) = false;
-  CUresult last_error_ ABSL_GUARDED_BY(mu_) = CUDA_SUCCESS;
+  // The sticky error of the last fault, until Poll reports it to the backend.
+  CUresult unreported_fault_ ABSL_GUARDED_BY(mu_) = CUDA_SUCCESS;
 };
 
 namespace {
@@ -639,13 +670,31 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModul
     } else {
       CUdevResource sm{};
       CUresult r = driver->cuDeviceGetDevResource(gpu.device, &sm, CU_DEV_RESOURCE_TYPE_SM);
-      if (r == CUDA_SUCCESS) {
-        gpu.green.available = true;
-        gpu.green.min_partition = static_cast<int>(sm.sm.minSmPartitionSize);
-        gpu.green.alignment = static_cast<int>(sm.sm.smCoscheduledAlignment);
-      } else {
+      if (r != CUDA_SUCCESS) {
         gpu.green.why_not =
             absl::StrCat("querying the device's SM resource failed: ", driver->ErrorName(r));
+      } else {
+        // Split once into the smallest groups; each green context takes whole groups.
+        const unsigned int smallest = sm.sm.minSmPartitionSize;
+        unsigned int groups = 0;
+        r = driver->cuDevSmResourceSplitByCount(nullptr, &groups, &sm, nullptr, 0, smallest);
+        if (r == CUDA_SUCCESS && groups > 0) {
+          gpu.sm_groups.resize(groups);
+          r = driver->cuDevSmResourceSplitByCount(gpu.sm_groups.data(), &groups, &sm, nullptr, 0,
+                                                  smallest);
+          gpu.sm_groups.resize(r == CUDA_SUCCESS ? groups : 0);
+        }
+        if (gpu.sm_groups.empty()) {
+          gpu.green.why_not = absl::StrCat(
+              "splitting the device's ", sm.sm.smCount, " SMs into groups of ", smallest,
+              " failed: ",
+              driver->ErrorName(r == CUDA_SUCCESS ? CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION : r));
+        } else {
+          gpu.green.available = true;
+          gpu.green.min_partition = static_cast<int>(sm.sm.minSmPartitionSize);
+          gpu.green.alignment = static_cast<int>(sm.sm.smCoscheduledAlignment);
+          gpu.group_sms = static_cast<int>(gpu.sm_groups[0].sm.smCount);
+        }
       }
     }
     backend->gpus_.push_back(gpu);
@@ -669,6 +718,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModul
     for (size_t i = 0; i < backend->devices_.size(); ++i) {
       backend->devices_[i].context_limit = MpsClientContextLimit(backend->gpus_[i].cc_major);
     }
+  }
+  {
+    absl::MutexLock lock(&backend->groups_mu_);
+    for (const Gpu& gpu : backend->gpus_) backend->group_users_.emplace_back(gpu.sm_groups.size());
   }
   backend->mps_ = std::move(mps);
   backend->mps_mode_ = options.mps;
@@ -728,6 +781,21 @@ void CudaBackend::Wake() {
   wake_.Signal();
 }
 
+std::vector<int> CudaBackend::AcquireSmGroups(int device, int sm_count, int& shared) {
+  absl::MutexLock lock(&groups_mu_);
+  std::vector<int>& users = group_users_[static_cast<size_t>(device)];
+  std::vector<int> picked =
+      PickSmGroups(users, gpus_[static_cast<size_t>(device)].group_sms, sm_count);
+  shared = 0;
+  for (int g : picked) shared += users[static_cast<size_t>(g)]++ > 0 ? 1 : 0;
+  return picked;
+}
+
+void CudaBackend::ReleaseSmGroups(int device, const std::vector<int>& groups) {
+  absl::MutexLock lock(&groups_mu_);
+  for (int g : groups) --group_users_[static_cast<size_t>(device)][static_cast<size_t>(g)];
+}
+
 void CudaBackend::Register(CudaContext* context) {
   absl::MutexLock lock(&mu_);
   contexts_.insert(context);
@@ -771,6 +839,20 @@ void CudaBackend::CompletionLoop() {
 }
 
 void CudaBackend::OnDeviceFault(int device, CUresult error) {
+  {
+    absl::MutexLock lock(&mps_mu_);
+    if (mps_.decision == MpsDecision::kMps || ClassifyCudaError(error).mps_server) {
+      // Under MPS a fatal fault is reported to every client on the GPU and the server stays
+      // in FAULT until they have gone; look again at the daemon (first, so that the reason
+      // is there by the time the other tenants see their contexts fault).
+      MpsProbe probe = ProbeMps(std::getenv("CUDA_MPS_PIPE_DIRECTORY"));
+      mps_.reason =
+          absl::StrCat("MPS server fault on GPU ", device, " (", driver_->ErrorName(error),
+                       "); re-probed: ", probe.summary,
+                       "; tenant contexts there are rebuilt when the server is ACTIVE again");
+      spdlog::warn("{}", mps_.reason);
+    }
+  }
   std::vector<CudaContext::Finished> finished;
   {
     absl::MutexLock lock(&mu_);
@@ -779,15 +861,6 @@ void CudaBackend::OnDeviceFault(int device, CUresult error) {
     }
   }
   for (CudaContext::Finished& f : finished) std::move(f.done)(std::move(f.result));
-  absl::MutexLock lock(&mps_mu_);
-  if (mps_.decision != MpsDecision::kMps && !ClassifyCudaError(error).mps_server) return;
-  // Under MPS a fatal fault is reported to every client on the GPU and the server stays in
-  // FAULT until they have gone; look again at the daemon.
-  MpsProbe probe = ProbeMps(std::getenv("CUDA_MPS_PIPE_DIRECTORY"));
-  mps_.reason = absl::StrCat("MPS server fault on GPU ", device, " (", driver_->ErrorName(error),
-                             "); re-probed: ", probe.summary,
-                             "; tenant contexts there are rebuilt when the server is ACTIVE again");
-  spdlog::warn("{}", mps_.reason);
 }
 
 }  // namespace tessera::cuda

@@ -47,7 +47,18 @@ class CudaBackend final : public Backend {
     int sms = 0;
     int cc_major = 0;
     GreenSupport green;
+    // One split of the device into equal SM groups of the smallest partition; a green
+    // context combines several (resources of one split may share a descriptor).
+    std::vector<CUdevResource> sm_groups;
+    int group_sms = 0;
   };
+
+  friend struct Incarnation;
+  /// SM groups for a green context of `sm_count` SMs on `device` (PickSmGroups); `shared`:
+  /// how many of them other green contexts already use.
+  std::vector<int> AcquireSmGroups(int device, int sm_count, int& shared)
+      ABSL_LOCKS_EXCLUDED(groups_mu_);
+  void ReleaseSmGroups(int device, const std::vector<int>& groups) ABSL_LOCKS_EXCLUDED(groups_mu_);
 
   CudaBackend() = default;
   void Register(CudaContext* context) ABSL_LOCKS_EXCLUDED(mu_);
@@ -74,6 +85,9 @@ class CudaBackend final : public Backend {
   bool stopping_ ABSL_GUARDED_BY(wake_mu_) = false;
   absl::Mutex mu_ ABSL_ACQUIRED_AFTER(wake_mu_);
   std::set<CudaContext*> contexts_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex groups_mu_;
+  // Per device, per SM group: the live green contexts using it.
+  std::vector<std::vector<int>> group_users_ ABSL_GUARDED_BY(groups_mu_);
   std::thread completer_;
 };
 

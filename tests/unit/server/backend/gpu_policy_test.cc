@@ -14,6 +14,27 @@ TEST(GpuPolicyTest, MpsClientLimitIs48FromVoltaAnd16Before) {
   EXPECT_EQ(MpsClientContextLimit(9), 48u);  // Hopper
 }
 
+TEST(GpuPolicyTest, SmGroupsGoToTheLeastUsedSoSharesThatFitAreDisjoint) {
+  std::vector<int> users(16, 0);  // 132 SMs split into 16 groups of 8
+  auto take = [&](int sms) {
+    std::vector<int> picked = PickSmGroups(users, 8, sms);
+    for (int g : picked) ++users[g];
+    return picked;
+  };
+  EXPECT_EQ(take(40), (std::vector<int>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(take(40), (std::vector<int>{5, 6, 7, 8, 9}));
+  EXPECT_EQ(take(24), (std::vector<int>{10, 11, 12}));
+  // Overcommitted: the three free groups, then the least used from the start.
+  EXPECT_EQ(take(40), (std::vector<int>{0, 1, 13, 14, 15}));
+  // A context gone frees its groups for the next one.
+  for (int g : {5, 6, 7, 8, 9}) --users[g];
+  EXPECT_EQ(take(16), (std::vector<int>{5, 6}));
+  // Never more groups than there are, never fewer than one.
+  EXPECT_EQ(PickSmGroups(std::vector<int>(4, 0), 8, 1000).size(), 4u);
+  EXPECT_EQ(PickSmGroups(std::vector<int>(4, 0), 8, 0).size(), 1u);
+  EXPECT_TRUE(PickSmGroups({}, 8, 40).empty());
+}
+
 TEST(GpuPolicyTest, GreenSmCountMeetsTheDevicesMinimumAndAlignment) {
   // Hopper: minimum 8 SMs, multiples of 8 (132 SMs on an H100 SXM).
   EXPECT_EQ(GreenSmCount(25, 132, 8, 8), 40);   // 33 -> 40

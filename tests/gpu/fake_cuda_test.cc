@@ -1,0 +1,438 @@
+// The CUDA backend module on the fake driver (tests/testing/fake_cuda), in CI: device
+// discovery, the context kinds (MPS with its SM share, green, plain) as the driver grants
+// them, the MPS client limit, MPS-wide faults and recovery, the launcher's geometry against
+// the CPU backend for the kernels the fake emulates, and a real server process serving on the
+// fake GPU. ctest puts the fake first on LD_LIBRARY_PATH; each test runs in its own process,
+// so the environment each one sets is read by that process's cuInit only.
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <dlfcn.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+#include "kernels/registry.h"
+#include "server/backend/cpu/cpu_backend.h"
+#include "server/backend/cuda_module.h"
+#include "server/backend/select.h"
+#include "tessera/client.h"
+#include "tests/testing/fake_mps.h"
+#include "tests/testing/host_tensor.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/temp_dir.h"
+
+namespace tessera {
+namespace {
+
+using kernels::DType;
+using kernels::TensorMeta;
+using ::testing::HasSubstr;
+
+Quota TestQuota(uint32_t share, uint32_t streams = 2) {
+  return Quota{.device_memory_bytes = 1ull << 30,
+               .compute_share_percent = share,
+               .max_streams = streams,
+               .max_queued_jobs = 64,
+               .priority = Priority::kNormal};
+}
+
+absl::Status RunJob(TenantContext& context, std::vector<Step> steps, int stream = 0) {
+  absl::Notification done;
+  absl::Status status;
+  context.Enqueue(
+      stream, std::move(steps), [] { return true; },
+      [&](ExecResult r) {
+        status = r.status;
+        done.Notify();
+      });
+  if (!done.WaitForNotificationWithTimeout(absl::Seconds(30))) {
+    return absl::DeadlineExceededError("the job did not finish in 30 s");
+  }
+  return status;
+}
+
+class FakeCudaTest : public ::testing::Test {
+ protected:
+  // No MPS unless a test starts the fake daemon: a host's real /tmp/nvidia-mps stays out.
+  void SetUp() override { setenv("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent/tessera-no-mps", 1); }
+
+  void TearDown() override {
+    backend_.reset();
+    if (driver_ == nullptr) return;
+    auto misuses = reinterpret_cast<int (*)()>(dlsym(driver_, "tessera_fake_cuda_misuses"));
+    ASSERT_NE(misuses, nullptr) << "libcuda.so.1 is not the fake driver";
+    EXPECT_EQ(misuses(), 0) << "driver API misuse (see stderr)";
+    dlclose(driver_);
+  }
+
+  /// The CUDA backend on the fake driver, with `env` set for its cuInit.
+  Backend& Cuda(const std::string& mps = "auto",
+                const std::vector<std::pair<std::string, std::string>>& env = {}) {
+    for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
+    absl::StatusOr<BackendChoice> choice = SelectBackend({.backend = "cuda", .mps = mps});
+    EXPECT_TRUE(choice.ok()) << choice.status();
+    if (!choice.ok()) std::abort();  // every test here needs it
+    backend_ = std::move(choice->backend);
+    driver_ = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    EXPECT_NE(driver_, nullptr);
+    return *backend_;
+  }
+
+  std::unique_ptr<TenantContext> Context(const std::string& id, uint32_t share,
+                                         uint32_t streams = 2) {
+    auto context = backend_->CreateContext({id, TestQuota(share, streams), 0});
+    EXPECT_TRUE(context.ok()) << context.status();
+    return context.ok() ? *std::move(context) : nullptr;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  void* driver_ = nullptr;
+};
+
+TEST_F(FakeCudaTest, TheModuleLoadsTheDriverAndListsItsDevices) {
+  Backend& cuda =
+      Cuda("auto", {{"TESSERA_FAKE_CUDA_DEVICES", "2"}, {"TESSERA_FAKE_CUDA_SMS", "100"}});
+  EXPECT_EQ(cuda.name(), "cuda");
+  ASSERT_EQ(cuda.devices().size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const DeviceInfo& d = cuda.devices()[i];
+    EXPECT_EQ(d.index, i);
+    EXPECT_EQ(d.name, absl::StrCat("Tessera fake GPU ", i));
+    EXPECT_EQ(d.compute_units, 100u);
+    EXPECT_EQ(d.memory_bytes, 4096ull << 20);
+    EXPECT_EQ(d.context_limit, 0u);  // no MPS, no client limit
+  }
+  EXPECT_EQ(cuda.mps().decision, MpsDecision::kFallback) << cuda.mps().reason;
+  auto second = cuda.CreateContext({"on-gpu-1", TestQuota(50), 1});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(cuda.CreateContext({"nowhere", TestQuota(50), 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(FakeCudaTest, GreenContextsGetTheirShareOnDisjointSmsWhileTheDeviceHasRoom) {
+  Cuda();
+  // 25% of 132 SMs is 33, rounded up to the alignment of 8: 40, five of the 16 groups.
+  auto quarter = Context("quarter", 25);
+  ASSERT_NE(quarter, nullptr);
+  EXPECT_EQ(quarter->info().kind, ContextKind::kGreen) << quarter->info().reason;
+  EXPECT_TRUE(quarter->info().compute_share_enforced);
+  EXPECT_THAT(quarter->info().reason,
+              HasSubstr("the driver granted 40 SMs: SM groups 0-4 of 16 (8 SMs each)"));
+  // 1% is 2 SMs, raised to the minimum partition (8): the next free group.
+  auto tiny = Context("tiny", 1);
+  ASSERT_NE(tiny, nullptr);
+  EXPECT_THAT(tiny->info().reason, HasSubstr("the driver granted 8 SMs: SM groups 5 of 16"));
+  auto half = Context("half", 50);  // 66 -> 72 SMs: nine groups, only ten are free
+  ASSERT_NE(half, nullptr);
+  EXPECT_THAT(half->info().reason, HasSubstr("SM groups 6-14 of 16 (8 SMs each)"));
+  // Overcommitted: the last free group and the least used after it, said so.
+  auto more = Context("more", 25);
+  ASSERT_NE(more, nullptr);
+  EXPECT_THAT(more->info().reason,
+              HasSubstr("SM groups 0-3, 15 of 16 (8 SMs each), 4 of them shared with other"));
+  // Groups return when a context goes: the freed group 4 first, then the least used.
+  quarter.reset();
+  auto again = Context("again", 25);
+  ASSERT_NE(again, nullptr);
+  EXPECT_THAT(again->info().reason, HasSubstr("SM groups 0-4 of 16 (8 SMs each), 4 of them"));
+  // The whole device needs no partition.
+  auto whole = Context("whole", 100);
+  ASSERT_NE(whole, nullptr);
+  EXPECT_EQ(whole->info().kind, ContextKind::kFallback) << whole->info().reason;
+}
+
+TEST_F(FakeCudaTest, WithoutGreenEntryPointsTheShareIsAdvisoryAndSaysWhy) {
+  Cuda("auto", {{"TESSERA_FAKE_CUDA_GREEN", "0"}});
+  auto context = Context("plain", 25);
+  ASSERT_NE(context, nullptr);
+  EXPECT_EQ(context->info().kind, ContextKind::kFallback);
+  EXPECT_FALSE(context->info().compute_share_enforced);
+  EXPECT_THAT(context->info().reason, HasSubstr("lacks the green-context entry points"));
+}
+
+TEST_F(FakeCudaTest, AGreenContextTheDriverRefusesFallsBackToAPlainOneAndSaysWhy) {
+  Cuda("auto", {{"TESSERA_FAKE_CUDA_GREEN", "fail"}});
+  auto context = Context("refused", 25);
+  ASSERT_NE(context, nullptr);
+  EXPECT_EQ(context->info().kind, ContextKind::kFallback);
+  EXPECT_FALSE(context->info().compute_share_enforced);
+  EXPECT_THAT(context->info().reason, HasSubstr("CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION"));
+  // It works like any other context.
+  auto buffer = context->Allocate(64);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+}
+
+TEST_F(FakeCudaTest, UnderMpsEachTenantGetsAClientContextWithItsSmShare) {
+  testing::FakeMps mps;
+  mps.Start();
+  Backend& cuda = Cuda("auto", {{"CUDA_MPS_PIPE_DIRECTORY", mps.dir()}});
+  ASSERT_EQ(cuda.mps().decision, MpsDecision::kMps) << cuda.mps().reason;
+  EXPECT_EQ(cuda.devices()[0].context_limit, 48u);
+  // 25% of 132 is 33 SMs; the driver rounds execution affinity up to an even count.
+  auto context = Context("mps-tenant", 25);
+  ASSERT_NE(context, nullptr);
+  EXPECT_EQ(context->info().kind, ContextKind::kMps) << context->info().reason;
+  EXPECT_TRUE(context->info().compute_share_enforced);
+  EXPECT_THAT(context->info().reason, HasSubstr("the driver granted 34 SMs"));
+}
+
+TEST_F(FakeCudaTest, MpsOffKeepsTheDriverAwayFromARunningDaemon) {
+  testing::FakeMps mps;
+  mps.Start();
+  // Were the driver to join the daemon anyway, the green context request would be refused
+  // and execution affinity demanded; the backend points it at an empty pipe directory.
+  Backend& cuda = Cuda("off", {{"CUDA_MPS_PIPE_DIRECTORY", mps.dir()}});
+  EXPECT_EQ(cuda.mps().decision, MpsDecision::kFallback) << cuda.mps().reason;
+  EXPECT_EQ(cuda.devices()[0].context_limit, 0u);
+  auto context = Context("no-mps", 25);
+  ASSERT_NE(context, nullptr);
+  EXPECT_EQ(context->info().kind, ContextKind::kGreen) << context->info().reason;
+}
+
+TEST_F(FakeCudaTest, TheDriversMpsClientLimitIsResourceExhausted) {
+  testing::FakeMps mps;
+  mps.Start();
+  Backend& cuda = Cuda("auto", {{"CUDA_MPS_PIPE_DIRECTORY", mps.dir()}});
+  ASSERT_EQ(cuda.mps().decision, MpsDecision::kMps) << cuda.mps().reason;
+  std::vector<std::unique_ptr<TenantContext>> contexts;
+  for (int i = 0; i < 48; ++i) {
+    auto c = cuda.CreateContext({absl::StrCat("t", i), TestQuota(10, 1), 0});
+    ASSERT_TRUE(c.ok()) << i << ": " << c.status();
+    contexts.push_back(*std::move(c));
+  }
+  auto refused = cuda.CreateContext({"one-too-many", TestQuota(10, 1), 0});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("CUDA_ERROR_MPS_MAX_CLIENTS_REACHED"));
+  contexts.pop_back();  // a client leaves: there is room again
+  EXPECT_TRUE(cuda.CreateContext({"next", TestQuota(10, 1), 0}).ok());
+}
+
+TEST_F(FakeCudaTest, AnMpsFaultReachesEveryTenantOnTheDeviceAndBothComeBack) {
+  testing::FakeMps mps;
+  mps.Start();
+  Backend& cuda = Cuda("auto", {{"CUDA_MPS_PIPE_DIRECTORY", mps.dir()}});
+  ASSERT_EQ(cuda.mps().decision, MpsDecision::kMps) << cuda.mps().reason;
+  void* module = dlopen(TESSERA_CUDA_MODULE_PATH, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(module, nullptr);
+  auto inject = reinterpret_cast<CudaInjectFault>(dlsym(module, kCudaModuleInjectFault));
+  ASSERT_NE(inject, nullptr);
+  auto faulty = Context("faulty", 50, 1);
+  auto bystander = Context("bystander", 50, 1);
+  ASSERT_TRUE(faulty != nullptr && bystander != nullptr);
+  auto a = *faulty->Allocate(4096);
+  auto b = *bystander->Allocate(4096);
+  auto fill = *kernels::Registry::Global().Prepare(
+      "fill", {}, {{"value", 2.0}, {"shape", std::vector<int64_t>{1024}}});
+
+  ASSERT_TRUE(inject(*faulty, 0).ok());
+  EXPECT_EQ(RunJob(*faulty, {Step{fill, {}, {a}}}).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(a->lost());
+  // The fault is reported to every client on the GPU: the backend faults the bystander's
+  // context too without waiting for it to notice, and re-probes the MPS daemon.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!b->lost() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(b->lost());
+  EXPECT_THAT(cuda.mps().reason, HasSubstr("MPS server fault on GPU 0"));
+  EXPECT_EQ(RunJob(*bystander, {Step{fill, {}, {b}}}).code(), absl::StatusCode::kDataLoss);
+  dlclose(module);
+
+  // Once every faulted client context is gone the server takes new ones: both tenants work.
+  for (TenantContext* c : {faulty.get(), bystander.get()}) {
+    auto fresh = c->Allocate(4096);
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    ASSERT_TRUE(RunJob(*c, {Step{fill, {}, {*fresh}}}).ok());
+    float value = 0;
+    ASSERT_TRUE(c->CopyOut(**fresh, 4092, &value, 4).ok());
+    EXPECT_EQ(value, 2.0f);
+    EXPECT_EQ(c->info().kind, ContextKind::kMps);
+  }
+}
+
+// ---- the launcher's geometry, for the kernels the fake emulates ---------------------------
+
+struct Case {
+  std::string kernel;
+  std::vector<TensorMeta> inputs;
+  kernels::Attrs attrs;
+};
+
+std::vector<Case> F32Cases() {
+  const DType f = DType::kF32;
+  std::vector<Case> cases;
+  for (const char* k :
+       {"neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "gelu", "sigmoid", "tanh"}) {
+    cases.push_back({k, {{f, {4099}}}, {}});
+  }
+  cases.push_back({"scale", {{f, {3, 5}}}, {{"alpha", 1.5}, {"beta", -0.25}}});
+  for (const char* k : {"add", "sub", "mul", "div", "maximum", "minimum", "pow"}) {
+    cases.push_back({k, {{f, {4099}}, {f, {4099}}}, {}});
+    cases.push_back({k, {{f, {4, 1, 33}}, {f, {5, 33}}}, {}});
+    cases.push_back({k, {{f, {7, 9}}, {f, {}}}, {}});
+    cases.push_back({k, {{f, {2, 1, 3, 1}}, {f, {1, 4, 1, 5}}}, {}});
+  }
+  for (const char* k : {"sum", "mean", "max", "min"}) {
+    cases.push_back({k, {{f, {6, 7, 130}}}, {{"axes", std::vector<int64_t>{2}}}});
+    cases.push_back(
+        {k, {{f, {6, 7, 130}}}, {{"axes", std::vector<int64_t>{0, 2}}, {"keepdims", true}}});
+    cases.push_back({k, {{f, {6, 7, 130}}}, {{"axes", std::vector<int64_t>{1}}}});
+    cases.push_back({k, {{f, {6, 7, 130}}}, {}});
+  }
+  cases.push_back({"transpose", {{f, {3, 40, 5}}}, {{"perm", std::vector<int64_t>{2, 0, 1}}}});
+  cases.push_back({"transpose", {{f, {33, 65}}}, {}});
+  cases.push_back(
+      {"fill", {}, {{"value", 1.75}, {"dtype", "f32"}, {"shape", std::vector<int64_t>{3, 1000}}}});
+  cases.push_back({"copy", {{f, {1000}}}, {}});
+  return cases;
+}
+
+// Allocates, uploads, runs and downloads one plan (outputs in fresh buffers).
+std::vector<testing::HostTensor> RunPlan(TenantContext& context, const kernels::Plan& plan,
+                                         const std::vector<testing::HostTensor>& inputs) {
+  Step step;
+  step.plan = plan;
+  for (const testing::HostTensor& in : inputs) {
+    auto b = context.Allocate(in.bytes.size());
+    EXPECT_TRUE(b.ok()) << b.status();
+    if (!in.bytes.empty()) {
+      EXPECT_TRUE(context.CopyIn(**b, 0, in.data(), in.bytes.size()).ok());
+    }
+    step.inputs.push_back(*b);
+  }
+  std::vector<testing::HostTensor> out;
+  for (const TensorMeta& m : plan.outputs) {
+    out.emplace_back(m.dtype, m.shape);
+    auto b = context.Allocate(out.back().bytes.size());
+    EXPECT_TRUE(b.ok()) << b.status();
+    step.outputs.push_back(*b);
+  }
+  std::vector<std::shared_ptr<DeviceBuffer>> buffers = step.outputs;
+  absl::Status s = RunJob(context, {std::move(step)});
+  EXPECT_TRUE(s.ok()) << s;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    EXPECT_TRUE(context.CopyOut(*buffers[i], 0, out[i].data(), out[i].bytes.size()).ok());
+  }
+  return out;
+}
+
+void ExpectSame(const testing::HostTensor& want, const testing::HostTensor& got) {
+  ASSERT_EQ(want.size(), got.size());
+  int mismatches = 0;
+  for (int64_t i = 0; i < want.size() && mismatches < 5; ++i) {
+    const double w = want.Get(i), g = got.Get(i);
+    if ((std::isnan(w) && std::isnan(g)) || std::abs(w - g) <= 2e-5 * std::max(1.0, std::abs(w))) {
+      continue;
+    }
+    ++mismatches;
+    ADD_FAILURE() << "element " << i << ": cpu " << w << ", cuda " << g;
+  }
+}
+
+TEST_F(FakeCudaTest, LaunchGeometryMatchesTheCpuBackendForTheEmulatedKernels) {
+  Cuda();
+  auto gpu = Context("geometry", 50);
+  ASSERT_NE(gpu, nullptr);
+  CpuBackend cpu_backend(CpuBackend::Options{.memory_bytes = 1ull << 30, .reason = "test"});
+  auto cpu = *cpu_backend.CreateContext({"cpu", TestQuota(50), 0});
+  std::mt19937 rng(11);
+  for (const Case& c : F32Cases()) {
+    auto plan = kernels::Registry::Global().Prepare(c.kernel, c.inputs, c.attrs);
+    ASSERT_TRUE(plan.ok()) << c.kernel << ": " << plan.status();
+    SCOPED_TRACE(absl::StrCat(c.kernel, " -> ", plan->outputs[0].shape.size(), "-d output"));
+    const bool positive =
+        c.kernel == "log" || c.kernel == "sqrt" || c.kernel == "rsqrt" || c.kernel == "pow";
+    std::vector<testing::HostTensor> inputs;
+    for (const TensorMeta& m : plan->inputs) {
+      inputs.emplace_back(m.dtype, m.shape);
+      inputs.back().Randomize(rng, positive ? 0.1 : -2.0, positive ? 3.0 : 2.0);
+    }
+    std::vector<testing::HostTensor> want = RunPlan(*cpu, *plan, inputs);
+    std::vector<testing::HostTensor> got = RunPlan(*gpu, *plan, inputs);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t o = 0; o < want.size(); ++o) ExpectSame(want[o], got[o]);
+  }
+}
+
+TEST_F(FakeCudaTest, AnInPlaceLaunchThatCannotAliasIsStagedThroughATemporary) {
+  Cuda();
+  auto gpu = Context("in-place", 50);
+  ASSERT_NE(gpu, nullptr);
+  // A square transpose written over its own input: element (i, j) must read the original.
+  const int64_t n = 37;
+  auto plan = *kernels::Registry::Global().Prepare("transpose", {{DType::kF32, {n, n}}}, {});
+  std::vector<float> x(n * n);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+  auto buffer = *gpu->Allocate(x.size() * 4);
+  ASSERT_TRUE(gpu->CopyIn(*buffer, 0, x.data(), x.size() * 4).ok());
+  ASSERT_TRUE(RunJob(*gpu, {Step{plan, {buffer}, {buffer}}}).ok());
+  std::vector<float> y(x.size());
+  ASSERT_TRUE(gpu->CopyOut(*buffer, 0, y.data(), y.size() * 4).ok());
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) ASSERT_EQ(y[i * n + j], x[j * n + i]) << i << "," << j;
+  }
+}
+
+// ---- a real server process on the fake GPU --------------------------------------------------
+
+TEST_F(FakeCudaTest, TheServerServesOnTheFakeGpuEndToEnd) {
+  testing::TempDir dir;
+  auto server = testing::ServerProcess::Start(
+      {.state_dir = dir.File("var"), .args = {"--backend=cuda", "--log_level=warn"}});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto admin = Client::Connect({.address = (*server)->address(),
+                                .token = (*server)->AdminToken(),
+                                .timeout = absl::Seconds(20)});
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  auto info = (*admin)->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->backend(), "cuda") << info->backend_reason();
+  ASSERT_EQ(info->devices_size(), 1);
+  EXPECT_EQ(info->devices(0).name(), "Tessera fake GPU 0");
+  EXPECT_EQ(info->devices(0).compute_units(), 132u);
+
+  v1::RegisterTenantRequest request;
+  request.set_tenant_id("gpu-tenant");
+  request.mutable_quota()->set_device_memory_bytes(1ull << 30);
+  request.mutable_quota()->set_compute_share_percent(25);
+  auto registered = (*admin)->RegisterTenant(request);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_EQ(registered->tenant().context().kind(), v1::CONTEXT_KIND_GREEN);
+  EXPECT_TRUE(registered->tenant().context().compute_share_enforced());
+  EXPECT_THAT(registered->tenant().context().reason(), HasSubstr("granted 40 SMs"));
+
+  auto tenant = Client::Connect({.address = (*server)->address(),
+                                 .token = registered->api_key(),
+                                 .timeout = absl::Seconds(20)});
+  ASSERT_TRUE(tenant.ok());
+  v1::TensorSpec spec;
+  spec.set_dtype(v1::DTYPE_F32);
+  spec.add_shape(2);
+  spec.add_shape(3);
+  std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  auto x = (*tenant)->CreateTensor(
+      spec, std::string(reinterpret_cast<const char*>(a.data()), a.size() * 4));
+  ASSERT_TRUE(x.ok()) << x.status();
+  v1::LaunchRequest launch;
+  launch.set_kernel("add");
+  launch.add_inputs(x->handle());
+  launch.add_inputs(x->handle());
+  launch.set_wait(true);
+  auto job = (*tenant)->Launch(launch);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->DebugString();
+  ASSERT_EQ(job->outputs_size(), 1);
+  auto bytes = (*tenant)->Download(job->outputs(0).handle());
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  std::vector<float> sum(6);
+  ASSERT_EQ(bytes->size(), 24u);
+  std::memcpy(sum.data(), bytes->data(), 24);
+  EXPECT_EQ(sum, (std::vector<float>{2, 4, 6, 8, 10, 12}));
+}
+
+}  // namespace
+}  // namespace tessera

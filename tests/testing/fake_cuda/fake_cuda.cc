@@ -1,0 +1,1252 @@
+// A CUDA driver for hosts without a GPU: libcuda.so.1 exporting cuGetProcAddress_v2 and
+// cuDriverGetVersion like NVIDIA's, serving the CUDA 13 entry points the CUDA backend module
+// uses. Device memory is host memory, every stream is a thread that runs its operations in
+// order, and the kernels the tests need (f32 element-wise, f32 reductions, 4-byte
+// transposes, fill, the test fault) are emulated from their launch parameters, so the
+// backend's own code (contexts, streams, staging, completion, launch geometry, faults) runs
+// unchanged on CI machines.
+//
+// It behaves like the driver where the backend depends on it and is strict where the real
+// one would be undefined: a call that needs a current context without one, memory touched
+// outside the stream context's allocations, a stream used from another context, a pop with
+// nothing pushed. Each such misuse is printed to stderr and counted
+// (tessera_fake_cuda_misuses); tests assert the count stays zero.
+//
+// Steered by the environment, read at cuInit:
+//   TESSERA_FAKE_CUDA_DEVICES   devices (default 1; 0: cuInit fails with no device)
+//   TESSERA_FAKE_CUDA_SMS       SMs per device (default 132)
+//   TESSERA_FAKE_CUDA_MEMORY_MIB device memory (default 4096; only counted)
+//   TESSERA_FAKE_CUDA_CC        compute capability major (default 9)
+//   TESSERA_FAKE_CUDA_GREEN     "1" green contexts (default), "0" no green entry points,
+//                               "fail" entry points present but creation fails
+// MPS: the driver joins a control daemon when CUDA_MPS_PIPE_DIRECTORY (default
+// /tmp/nvidia-mps) holds a live daemon's pid file, as the fake daemon in
+// tests/testing/fake_mps writes. Then contexts take an execution-affinity SM count (rounded
+// up to an even count), at most 48 (16 before Volta) live per device, and a fatal fault is
+// reported to every context on the device; new contexts there get
+// CUDA_ERROR_MPS_SERVER_NOT_READY until all of the faulted ones are destroyed.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include "kernels/cuda/params.h"
+
+#define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace tc = ::tessera_cuda;
+using Clock = std::chrono::steady_clock;
+
+struct CUctx_st;
+
+namespace {
+
+constexpr uint64_t kContextOverhead = 64ull << 20;  // device memory a context holds
+constexpr int kDriverVersion = 13000;
+
+std::atomic<int> g_misuses{0};
+
+void Misuse(const char* format, ...) {
+  char text[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(text, sizeof(text), format, args);
+  va_end(args);
+  std::fprintf(stderr, "fake libcuda: misuse: %s\n", text);
+  g_misuses.fetch_add(1);
+}
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? fallback : std::atoi(v);
+}
+
+struct Device {
+  int sms = 0;
+  int cc_major = 0;
+  uint64_t memory = 0;
+  uint64_t used = 0;
+  int mps_clients = 0;    // live contexts while MPS is connected
+  int faulted_alive = 0;  // MPS: faulted contexts not destroyed yet (server in FAULT)
+};
+
+struct Allocation {
+  uint64_t size;
+  CUctx_st* context;
+};
+
+struct Global {
+  std::mutex mu;
+  bool initialized = false;
+  bool mps = false;
+  std::string green = "1";
+  std::vector<Device> devices;
+  std::map<uintptr_t, Allocation> allocations;  // device memory by start address
+  std::set<CUctx_st*> contexts;                 // live ones
+};
+
+Global& G() {
+  static Global* g = new Global();  // never destroyed: stream threads may outlive statics
+  return *g;
+}
+
+}  // namespace
+
+struct CUstream_st;
+
+struct CUctx_st {
+  int device = 0;
+  int sms = 0;
+  bool green = false;
+  std::atomic<bool> destroyed{false};
+  std::atomic<int> sticky{CUDA_SUCCESS};
+  bool counted_fault = false;  // guarded by G().mu
+  std::vector<CUstream_st*> streams;
+};
+
+struct CUgreenCtx_st {
+  CUctx_st* context = nullptr;
+};
+
+struct CUdevResourceDesc_st {
+  int device = -1;
+  unsigned int sms = 0;
+};
+
+struct CUevent_st {
+  CUctx_st* context = nullptr;
+  bool timing = true;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0;  // records issued
+  uint64_t reached = 0;   // records the stream has passed
+  Clock::time_point when{};
+};
+
+struct CUstream_st {
+  CUctx_st* context = nullptr;
+  int priority = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<CUresult()>> ops;
+  bool running = false;
+  bool stop = false;
+  std::thread worker;
+
+  void Enqueue(std::function<CUresult()> op) {
+    std::lock_guard<std::mutex> lock(mu);
+    ops.push_back(std::move(op));
+    cv.notify_all();
+  }
+  bool Idle() {
+    std::lock_guard<std::mutex> lock(mu);
+    return ops.empty() && !running;
+  }
+};
+
+struct CUlib_st {
+  const unsigned char* image = nullptr;
+  size_t size = 0;
+};
+
+struct CUkern_st {
+  std::string name;
+};
+
+namespace {
+
+thread_local std::vector<CUctx_st*> t_current;
+
+CUctx_st* Current() { return t_current.empty() ? nullptr : t_current.back(); }
+
+// A sticky error in `context`; under MPS every context on the device gets it too.
+void Fault(CUctx_st* context, CUresult error) {
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  std::vector<CUctx_st*> hit = {context};
+  if (g.mps) {
+    for (CUctx_st* c : g.contexts) {
+      if (c->device == context->device && c != context) hit.push_back(c);
+    }
+  }
+  for (CUctx_st* c : hit) {
+    int expected = CUDA_SUCCESS;
+    c->sticky.compare_exchange_strong(expected, error);
+    if (g.mps && !c->counted_fault && !c->destroyed.load()) {
+      c->counted_fault = true;
+      ++g.devices[c->device].faulted_alive;
+    }
+  }
+  for (CUctx_st* c : hit) {
+    for (CUstream_st* s : c->streams) {
+      std::lock_guard<std::mutex> slock(s->mu);
+      s->cv.notify_all();
+    }
+  }
+}
+
+void Worker(CUstream_st* s) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  for (;;) {
+    s->cv.wait(lock, [&] { return s->stop || !s->ops.empty(); });
+    if (s->stop) return;
+    if (s->context->sticky.load() != CUDA_SUCCESS) {  // a faulted stream runs nothing more
+      s->ops.clear();
+      s->cv.notify_all();
+      continue;
+    }
+    std::function<CUresult()> op = std::move(s->ops.front());
+    s->ops.pop_front();
+    s->running = true;
+    lock.unlock();
+    CUresult r = op();
+    if (r != CUDA_SUCCESS) Fault(s->context, r);
+    lock.lock();
+    s->running = false;
+    s->cv.notify_all();
+  }
+}
+
+// Whether [ptr, ptr + bytes) lies in one allocation of `context`.
+bool Owned(CUctx_st* context, uintptr_t ptr, uint64_t bytes) {
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  auto it = g.allocations.upper_bound(ptr);
+  if (it == g.allocations.begin()) return false;
+  --it;
+  return it->second.context == context && ptr + bytes <= it->first + it->second.size;
+}
+
+CUresult CheckRange(CUctx_st* context, CUdeviceptr ptr, uint64_t bytes, const char* what) {
+  if (bytes == 0 || Owned(context, static_cast<uintptr_t>(ptr), bytes)) return CUDA_SUCCESS;
+  Misuse("%s: [0x%llx, +%llu) is not memory of the stream's context", what,
+         static_cast<unsigned long long>(ptr), static_cast<unsigned long long>(bytes));
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+// The context an API call works in; INVALID_CONTEXT (and a misuse) without one.
+CUresult RequireCurrent(const char* call, CUctx_st** out) {
+  CUctx_st* c = Current();
+  if (c == nullptr) {
+    Misuse("%s without a current context", call);
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  if (c->destroyed.load()) {
+    Misuse("%s with a destroyed context current", call);
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  *out = c;
+  return static_cast<CUresult>(c->sticky.load());
+}
+
+CUresult StreamIn(CUstream stream, const char* call) {
+  if (stream == nullptr) {
+    Misuse("%s on the legacy default stream (the backend uses its own)", call);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (stream->context->destroyed.load()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  return static_cast<CUresult>(stream->context->sticky.load());
+}
+
+// ---- initialization, devices -------------------------------------------------------------
+
+bool MpsDaemonAlive() {
+  const char* dir = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  std::string path = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp/nvidia-mps") +
+                     "/nvidia-cuda-mps-control.pid";
+  std::ifstream in(path);
+  long pid = 0;
+  if (!(in >> pid) || pid <= 0) return false;
+  return kill(static_cast<pid_t>(pid), 0) == 0;
+}
+
+CUresult Fake_cuInit(unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.initialized && !g.contexts.empty()) return CUDA_SUCCESS;
+  const int count = EnvInt("TESSERA_FAKE_CUDA_DEVICES", 1);
+  if (count <= 0) return CUDA_ERROR_NO_DEVICE;
+  g.devices.assign(static_cast<size_t>(count), Device{});
+  for (Device& d : g.devices) {
+    d.sms = EnvInt("TESSERA_FAKE_CUDA_SMS", 132);
+    d.cc_major = EnvInt("TESSERA_FAKE_CUDA_CC", 9);
+    d.memory = static_cast<uint64_t>(EnvInt("TESSERA_FAKE_CUDA_MEMORY_MIB", 4096)) << 20;
+  }
+  const char* green = std::getenv("TESSERA_FAKE_CUDA_GREEN");
+  g.green = green == nullptr || *green == '\0' ? "1" : green;
+  g.mps = MpsDaemonAlive();
+  g.initialized = true;
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuDriverGetVersion(int* version) {
+  if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *version = kDriverVersion;
+  return CUDA_SUCCESS;
+}
+
+CUresult DeviceOf(CUdevice dev, Device** out) {
+  Global& g = G();
+  if (!g.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (dev < 0 || static_cast<size_t>(dev) >= g.devices.size()) return CUDA_ERROR_INVALID_DEVICE;
+  *out = &g.devices[static_cast<size_t>(dev)];
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuDeviceGetCount(int* count) {
+  if (!G().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  *count = static_cast<int>(G().devices.size());
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuDeviceGet(CUdevice* device, int ordinal) {
+  Device* d = nullptr;
+  if (CUresult r = DeviceOf(ordinal, &d); r != CUDA_SUCCESS) return r;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuDeviceGetName(char* name, int len, CUdevice dev) {
+  Device* d = nullptr;
+  if (CUresult r = DeviceOf(dev, &d); r != CUDA_SUCCESS) return r;
+  std::snprintf(name, static_cast<size_t>(len), "Tessera fake GPU %d", dev);
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuDeviceTotalMem(size_t* bytes, CUdevice dev) {
+  Device* d = nullptr;
+  if (CUresult r = DeviceOf(dev, &d); r != CUDA_SUCCESS) return r;
+  *bytes = d->memory;
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice dev) {
+  Device* d = nullptr;
+  if (CUresult r = DeviceOf(dev, &d); r != CUDA_SUCCESS) return r;
+  switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+      *value = d->sms;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+      *value = d->cc_major;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MPS_ENABLED:
+      *value = G().mps ? 1 : 0;
+      break;
+    default:
+      *value = 0;
+  }
+  return CUDA_SUCCESS;
+}
+
+// ---- contexts ------------------------------------------------------------------------------
+
+CUresult NewContext(CUdevice dev, int sms, bool green, CUctx_st** out) {
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (!g.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (dev < 0 || static_cast<size_t>(dev) >= g.devices.size()) return CUDA_ERROR_INVALID_DEVICE;
+  Device& d = g.devices[static_cast<size_t>(dev)];
+  if (g.mps) {
+    if (d.faulted_alive > 0) return CUDA_ERROR_MPS_SERVER_NOT_READY;
+    if (d.mps_clients >= (d.cc_major >= 7 ? 48 : 16)) return CUDA_ERROR_MPS_MAX_CLIENTS_REACHED;
+  }
+  if (d.used + kContextOverhead > d.memory) return CUDA_ERROR_OUT_OF_MEMORY;
+  d.used += kContextOverhead;
+  if (g.mps) ++d.mps_clients;
+  auto* c = new CUctx_st();
+  c->device = dev;
+  c->sms = sms;
+  c->green = green;
+  g.contexts.insert(c);
+  *out = c;
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuCtxCreate(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
+                          CUdevice dev) {
+  if (pctx == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Device* d = nullptr;
+  if (CUresult r = DeviceOf(dev, &d); r != CUDA_SUCCESS) return r;
+  int sms = d->sms;
+  if (params != nullptr && params->numExecAffinityParams > 0) {
+    if (!G().mps) return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;  // MPS clients only
+    const CUexecAffinityParam& a = params->execAffinityParams[0];
+    if (a.type != CU_EXEC_AFFINITY_TYPE_SM_COUNT || a.param.smCount.val == 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    sms = std::min<int>(d->sms, static_cast<int>((a.param.smCount.val + 1) / 2 * 2));
+  }
+  CUctx_st* c = nullptr;
+  if (CUresult r = NewContext(dev, sms, false, &c); r != CUDA_SUCCESS) return r;
+  t_current.push_back(c);
+  *pctx = c;
+  return CUDA_SUCCESS;
+}
+
+void StopStreams(CUctx_st* c) {
+  for (CUstream_st* s : c->streams) {
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      s->stop = true;
+      s->cv.notify_all();
+    }
+    if (s->worker.joinable()) s->worker.join();
+  }
+}
+
+CUresult DestroyContext(CUctx_st* c) {
+  if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (c->destroyed.exchange(true)) {
+    Misuse("destroying a context twice");
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  StopStreams(c);
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  Device& d = g.devices[static_cast<size_t>(c->device)];
+  for (auto it = g.allocations.begin(); it != g.allocations.end();) {
+    if (it->second.context == c) {
+      d.used -= it->second.size;
+      std::free(reinterpret_cast<void*>(it->first));
+      it = g.allocations.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  d.used -= kContextOverhead;
+  if (g.mps) --d.mps_clients;
+  if (c->counted_fault) --d.faulted_alive;
+  g.contexts.erase(c);
+  for (CUctx_st*& entry : t_current) {
+    if (entry == c) entry = nullptr;  // the real driver leaves such a stack entry invalid
+  }
+  // The struct is kept: stale handles must stay recognizable as destroyed.
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuCtxDestroy(CUcontext ctx) {
+  if (ctx != nullptr && ctx->green) {
+    Misuse("cuCtxDestroy on a green context's CUcontext (use cuGreenCtxDestroy)");
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  return DestroyContext(ctx);
+}
+
+CUresult Fake_cuCtxPushCurrent(CUcontext ctx) {
+  if (ctx == nullptr || ctx->destroyed.load()) {
+    Misuse("pushing %s context", ctx == nullptr ? "a null" : "a destroyed");
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  t_current.push_back(ctx);
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuCtxPopCurrent(CUcontext* ctx) {
+  if (t_current.empty()) {
+    Misuse("cuCtxPopCurrent with no context current");
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  if (ctx != nullptr) *ctx = t_current.back();
+  t_current.pop_back();
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuCtxGetExecAffinity(CUexecAffinityParam* param, CUexecAffinityType type) {
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuCtxGetExecAffinity", &c); r != CUDA_SUCCESS) return r;
+  if (type != CU_EXEC_AFFINITY_TYPE_SM_COUNT) return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;
+  param->type = type;
+  param->param.smCount.val = static_cast<unsigned int>(c->sms);
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuCtxGetStreamPriorityRange", &c); r != CUDA_SUCCESS) return r;
+  if (least != nullptr) *least = 0;
+  if (greatest != nullptr) *greatest = -5;
+  return CUDA_SUCCESS;
+}
+
+// ---- green contexts ------------------------------------------------------------------------
+
+void SmResource(const Device& d, unsigned int sms, CUdevResource* out) {
+  std::memset(out, 0, sizeof(*out));
+  out->type = CU_DEV_RESOURCE_TYPE_SM;
+  out->sm.smCount = sms;
+  out->sm.minSmPartitionSize = d.cc_major >= 9 ? 8 : 4;
+  out->sm.smCoscheduledAlignment = d.cc_major >= 9 ? 8 : 2;
+}
+
+CUresult Fake_cuDeviceGetDevResource(CUdevice dev, CUdevResource* resource,
+                                     CUdevResourceType type) {
+  Device* d = nullptr;
+  if (CUresult r = DeviceOf(dev, &d); r != CUDA_SUCCESS) return r;
+  if (type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_RESOURCE_TYPE;
+  SmResource(*d, static_cast<unsigned int>(d->sms), resource);
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuDevSmResourceSplitByCount(CUdevResource* result, unsigned int* groups,
+                                          const CUdevResource* input, CUdevResource* remaining,
+                                          unsigned int flags, unsigned int min_count) {
+  if (groups == nullptr || input == nullptr || input->type != CU_DEV_RESOURCE_TYPE_SM) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (flags != 0 || min_count > input->sm.smCount) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned int align = input->sm.smCoscheduledAlignment;
+  unsigned int count = std::max(min_count, input->sm.minSmPartitionSize);
+  count = (count + align - 1) / align * align;
+  if (count > input->sm.smCount) return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+  const unsigned int possible = input->sm.smCount / count;
+  if (result == nullptr) {
+    *groups = possible;
+    return CUDA_SUCCESS;
+  }
+  *groups = std::min(*groups, possible);
+  Device probe;
+  probe.cc_major = input->sm.minSmPartitionSize >= 8 ? 9 : 8;
+  // Outputs of one split carry its serial, so that descriptors can be checked.
+  static std::atomic<uint64_t> splits{0};
+  const uint64_t serial = ++splits;
+  for (unsigned int i = 0; i < *groups; ++i) {
+    SmResource(probe, count, &result[i]);
+    std::memcpy(result[i]._internal_padding, &serial, sizeof(serial));
+  }
+  if (remaining != nullptr) {
+    SmResource(probe, input->sm.smCount - *groups * count, remaining);
+    std::memcpy(remaining->_internal_padding, &serial, sizeof(serial));
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuDevResourceGenerateDesc(CUdevResourceDesc* desc, CUdevResource* resources,
+                                        unsigned int count) {
+  if (desc == nullptr || resources == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  unsigned int sms = 0;
+  for (unsigned int i = 0; i < count; ++i) {
+    if (resources[i].type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_RESOURCE_TYPE;
+    // Several SM resources must come from the same split (the driver's documented rule).
+    if (count > 1 &&
+        std::memcmp(resources[i]._internal_padding, resources[0]._internal_padding, 8) != 0) {
+      return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+    }
+    sms += resources[i].sm.smCount;
+  }
+  *desc = new CUdevResourceDesc_st{-1, sms};
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuGreenCtxCreate(CUgreenCtx* green, CUdevResourceDesc desc, CUdevice dev,
+                               unsigned int flags) {
+  if (green == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (flags != CU_GREEN_CTX_DEFAULT_STREAM) return CUDA_ERROR_INVALID_VALUE;  // required flag
+  if (G().green == "fail") return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+  CUctx_st* c = nullptr;
+  if (CUresult r = NewContext(dev, static_cast<int>(desc->sms), true, &c); r != CUDA_SUCCESS) {
+    return r;
+  }
+  *green = new CUgreenCtx_st{c};  // not made current, unlike cuCtxCreate
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuCtxFromGreenCtx(CUcontext* ctx, CUgreenCtx green) {
+  if (ctx == nullptr || green == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *ctx = green->context;
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuGreenCtxDestroy(CUgreenCtx green) {
+  if (green == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return DestroyContext(green->context);
+}
+
+// ---- streams and events --------------------------------------------------------------------
+
+CUresult NewStream(CUctx_st* c, unsigned int flags, int priority, CUstream* out) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (flags != CU_STREAM_DEFAULT && flags != CU_STREAM_NON_BLOCKING) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto* s = new CUstream_st();
+  s->context = c;
+  s->priority = std::clamp(priority, -5, 0);
+  s->worker = std::thread(Worker, s);
+  {
+    std::lock_guard<std::mutex> lock(G().mu);
+    c->streams.push_back(s);
+  }
+  *out = s;
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int priority) {
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuStreamCreateWithPriority", &c); r != CUDA_SUCCESS) return r;
+  return NewStream(c, flags, priority, stream);
+}
+
+CUresult Fake_cuGreenCtxStreamCreate(CUstream* stream, CUgreenCtx green, unsigned int flags,
+                                     int priority) {
+  if (green == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;  // required flag
+  return NewStream(green->context, flags, priority, stream);
+}
+
+CUresult Fake_cuStreamDestroy(CUstream stream) {
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  {
+    std::lock_guard<std::mutex> lock(G().mu);
+    auto& streams = stream->context->streams;
+    streams.erase(std::remove(streams.begin(), streams.end(), stream), streams.end());
+  }
+  {
+    std::unique_lock<std::mutex> lock(stream->mu);  // queued work finishes first
+    stream->cv.wait(lock, [&] { return stream->ops.empty() && !stream->running; });
+    stream->stop = true;
+    stream->cv.notify_all();
+  }
+  stream->worker.join();
+  return CUDA_SUCCESS;  // the struct is kept, like a destroyed context
+}
+
+CUresult Fake_cuStreamSynchronize(CUstream stream) {
+  if (CUresult r = StreamIn(stream, "cuStreamSynchronize"); r != CUDA_SUCCESS) return r;
+  std::unique_lock<std::mutex> lock(stream->mu);
+  stream->cv.wait(lock, [&] {
+    return (stream->ops.empty() && !stream->running) ||
+           stream->context->sticky.load() != CUDA_SUCCESS || stream->stop;
+  });
+  return static_cast<CUresult>(stream->context->sticky.load());
+}
+
+CUresult Fake_cuStreamQuery(CUstream stream) {
+  if (CUresult r = StreamIn(stream, "cuStreamQuery"); r != CUDA_SUCCESS) return r;
+  return stream->Idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult Fake_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* data) {
+  if (CUresult r = StreamIn(stream, "cuLaunchHostFunc"); r != CUDA_SUCCESS) return r;
+  stream->Enqueue([fn, data] {
+    fn(data);
+    return CUDA_SUCCESS;
+  });
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuEventCreate(CUevent* event, unsigned int flags) {
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuEventCreate", &c); r != CUDA_SUCCESS) return r;
+  auto* e = new CUevent_st();
+  e->context = c;
+  e->timing = (flags & CU_EVENT_DISABLE_TIMING) == 0;
+  *event = e;
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuEventDestroy(CUevent event) {
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // Kept alive: a stream may still be about to pass its record (the real driver defers too).
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuEventRecord(CUevent event, CUstream stream) {
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = StreamIn(stream, "cuEventRecord"); r != CUDA_SUCCESS) return r;
+  if (event->context != stream->context) {
+    Misuse("cuEventRecord: the event and the stream belong to different contexts");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  uint64_t ticket = 0;
+  {
+    std::lock_guard<std::mutex> lock(event->mu);
+    ticket = ++event->recorded;
+  }
+  stream->Enqueue([event, ticket] {
+    std::lock_guard<std::mutex> lock(event->mu);
+    event->reached = std::max(event->reached, ticket);
+    event->when = Clock::now();
+    event->cv.notify_all();
+    return CUDA_SUCCESS;
+  });
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuEventQuery(CUevent event) {
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (event->context->destroyed.load()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  if (int sticky = event->context->sticky.load(); sticky != CUDA_SUCCESS) {
+    return static_cast<CUresult>(sticky);
+  }
+  std::lock_guard<std::mutex> lock(event->mu);
+  return event->reached == event->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult Fake_cuEventSynchronize(CUevent event) {
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  for (;;) {
+    CUresult r = Fake_cuEventQuery(event);
+    if (r != CUDA_ERROR_NOT_READY) return r;
+    std::unique_lock<std::mutex> lock(event->mu);
+    event->cv.wait_for(lock, std::chrono::milliseconds(1),
+                       [&] { return event->reached == event->recorded; });
+  }
+}
+
+CUresult Fake_cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+  if (ms == nullptr || start == nullptr || end == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!start->timing || !end->timing) return CUDA_ERROR_INVALID_HANDLE;
+  for (CUevent e : {start, end}) {
+    std::lock_guard<std::mutex> lock(e->mu);
+    if (e->recorded == 0) return CUDA_ERROR_INVALID_HANDLE;
+    if (e->reached != e->recorded) return CUDA_ERROR_NOT_READY;
+  }
+  std::chrono::duration<float, std::milli> d = end->when - start->when;
+  *ms = std::max(d.count(), 0.0005f);
+  return CUDA_SUCCESS;
+}
+
+// ---- memory --------------------------------------------------------------------------------
+
+CUresult Fake_cuMemAlloc(CUdeviceptr* ptr, size_t bytes) {
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuMemAlloc", &c); r != CUDA_SUCCESS) return r;
+  if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t size = (bytes + 255) / 256 * 256;
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  Device& d = g.devices[static_cast<size_t>(c->device)];
+  if (d.used + size > d.memory) return CUDA_ERROR_OUT_OF_MEMORY;
+  void* p = std::aligned_alloc(256, size);
+  if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::memset(p, 0xA5, size);  // device memory is not zeroed
+  d.used += size;
+  g.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{size, c};
+  *ptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuMemFree(CUdeviceptr ptr) {
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuMemFree", &c); r != CUDA_SUCCESS) return r;
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  auto it = g.allocations.find(static_cast<uintptr_t>(ptr));
+  if (it == g.allocations.end()) {
+    Misuse("cuMemFree of 0x%llx, which is not an allocation", static_cast<unsigned long long>(ptr));
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (it->second.context != c) {
+    Misuse("cuMemFree of 0x%llx from another context", static_cast<unsigned long long>(ptr));
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  g.devices[static_cast<size_t>(c->device)].used -= it->second.size;
+  std::free(reinterpret_cast<void*>(it->first));
+  g.allocations.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuMemGetInfo(size_t* free_bytes, size_t* total) {
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuMemGetInfo", &c); r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> lock(G().mu);
+  const Device& d = G().devices[static_cast<size_t>(c->device)];
+  *free_bytes = d.memory - d.used;
+  *total = d.memory;
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuMemHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuMemHostAlloc", &c); r != CUDA_SUCCESS) return r;
+  (void)flags;
+  *ptr = std::malloc(std::max<size_t>(bytes, 1));
+  return *ptr == nullptr ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+}
+
+CUresult Fake_cuMemFreeHost(void* ptr) {
+  std::free(ptr);
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuMemsetD8Async(CUdeviceptr ptr, unsigned char value, size_t n, CUstream stream) {
+  if (CUresult r = StreamIn(stream, "cuMemsetD8Async"); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckRange(stream->context, ptr, n, "cuMemsetD8Async"); r != CUDA_SUCCESS) {
+    return r;
+  }
+  stream->Enqueue([ptr, value, n] {
+    std::memset(reinterpret_cast<void*>(ptr), value, n);
+    return CUDA_SUCCESS;
+  });
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream stream) {
+  if (CUresult r = StreamIn(stream, "cuMemcpyHtoDAsync"); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckRange(stream->context, dst, n, "cuMemcpyHtoDAsync"); r != CUDA_SUCCESS) {
+    return r;
+  }
+  stream->Enqueue([dst, src, n] {
+    std::memcpy(reinterpret_cast<void*>(dst), src, n);
+    return CUDA_SUCCESS;
+  });
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream stream) {
+  if (CUresult r = StreamIn(stream, "cuMemcpyDtoHAsync"); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckRange(stream->context, src, n, "cuMemcpyDtoHAsync"); r != CUDA_SUCCESS) {
+    return r;
+  }
+  stream->Enqueue([dst, src, n] {
+    std::memcpy(dst, reinterpret_cast<const void*>(src), n);
+    return CUDA_SUCCESS;
+  });
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
+  if (CUresult r = StreamIn(stream, "cuMemcpyDtoDAsync"); r != CUDA_SUCCESS) return r;
+  CUresult r = CheckRange(stream->context, dst, n, "cuMemcpyDtoDAsync (destination)");
+  if (r == CUDA_SUCCESS) r = CheckRange(stream->context, src, n, "cuMemcpyDtoDAsync (source)");
+  if (r != CUDA_SUCCESS) return r;
+  stream->Enqueue([dst, src, n] {
+    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+    return CUDA_SUCCESS;
+  });
+  return CUDA_SUCCESS;
+}
+
+// ---- libraries and kernels -----------------------------------------------------------------
+
+CUresult Fake_cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option*, void**,
+                                unsigned int, CUlibraryOption*, void**, unsigned int) {
+  if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // A fatbin: magic 0xBA55ED50, version, header size, then the size of what follows.
+  uint32_t magic = 0;
+  uint16_t header = 0;
+  uint64_t body = 0;
+  std::memcpy(&magic, code, 4);
+  std::memcpy(&header, static_cast<const char*>(code) + 6, 2);
+  std::memcpy(&body, static_cast<const char*>(code) + 8, 8);
+  if (magic != 0xBA55ED50u) return CUDA_ERROR_INVALID_IMAGE;
+  *library = new CUlib_st{static_cast<const unsigned char*>(code), header + body};
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuLibraryUnload(CUlibrary library) {
+  delete library;
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* name) {
+  if (kernel == nullptr || library == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // Present when the image's symbol tables name it (the fatbins are not compressed).
+  const std::string needle = std::string(name) + '\0';
+  const unsigned char* end = library->image + library->size;
+  auto it = std::search(library->image, end, needle.begin(), needle.end());
+  if (it == end) return CUDA_ERROR_NOT_FOUND;
+  *kernel = new CUkern_st{name};
+  return CUDA_SUCCESS;
+}
+
+// Emulated kernels: each reads its arguments at launch (the driver copies them then) and
+// returns the work for the stream plus the device ranges it touches.
+struct Range {
+  CUdeviceptr ptr;
+  uint64_t bytes;
+};
+struct Emulated {
+  std::vector<Range> touches;
+  std::function<CUresult()> run;
+  bool rows = false;  // block reductions: blockDim must be a multiple of 32
+};
+
+template <typename T>
+T Arg(void** params, int i) {
+  T value;
+  std::memcpy(&value, params[i], sizeof(T));
+  return value;
+}
+
+int64_t Offset(int64_t i, int rank, const int64_t* shape, const int64_t* strides) {
+  int64_t offset = 0;
+  for (int d = rank - 1; d >= 0; --d) {
+    offset += (i % shape[d]) * strides[d];
+    i /= shape[d];
+  }
+  return offset;
+}
+
+int64_t Extent(int rank, const int64_t* shape, const int64_t* strides) {
+  int64_t last = 0;
+  for (int d = 0; d < rank; ++d) last += (shape[d] - 1) * strides[d];
+  return last + 1;
+}
+
+float UnaryF32(int op, float x, float alpha, float beta) {
+  switch (op) {
+    case tc::kNeg:
+      return -x;
+    case tc::kAbs:
+      return std::fabs(x);
+    case tc::kRelu:
+      return x < 0.0f ? 0.0f : x;
+    case tc::kExp:
+      return std::exp(x);
+    case tc::kLog:
+      return std::log(x);
+    case tc::kSqrt:
+      return std::sqrt(x);
+    case tc::kRsqrt:
+      return 1.0f / std::sqrt(x);
+    case tc::kGelu:
+      return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752440f));
+    case tc::kSigmoid:
+      return 1.0f / (1.0f + std::exp(-x));
+    case tc::kTanh:
+      return std::tanh(x);
+    case tc::kScale:
+      return alpha * x + beta;
+  }
+  return x;
+}
+
+float BinaryF32(int op, float a, float b) {
+  switch (op) {
+    case tc::kAdd:
+      return a + b;
+    case tc::kSub:
+      return a - b;
+    case tc::kMul:
+      return a * b;
+    case tc::kDiv:
+      return a / b;
+    case tc::kMaximum:
+      return (std::isnan(a) || a > b) ? a : b;
+    case tc::kMinimum:
+      return (std::isnan(a) || a < b) ? a : b;
+    case tc::kPow:
+      return std::pow(a, b);
+  }
+  return a;
+}
+
+bool Emulate(const std::string& name, void** p, Emulated& e) {
+  if (name == "tessera_unary_f32") {
+    const int op = Arg<int>(p, 0);
+    const int64_t n = Arg<int64_t>(p, 1);
+    const auto x = Arg<const float*>(p, 2);
+    const auto y = Arg<float*>(p, 3);
+    const auto alpha = static_cast<float>(Arg<double>(p, 4));
+    const auto beta = static_cast<float>(Arg<double>(p, 5));
+    e.touches = {{reinterpret_cast<CUdeviceptr>(x), n * 4ull},
+                 {reinterpret_cast<CUdeviceptr>(y), n * 4ull}};
+    e.run = [=] {
+      for (int64_t i = 0; i < n; ++i) y[i] = UnaryF32(op, x[i], alpha, beta);
+      return CUDA_SUCCESS;
+    };
+    return true;
+  }
+  if (name == "tessera_binary_f32") {
+    const int op = Arg<int>(p, 0);
+    const auto bp = Arg<tc::BinaryParams>(p, 1);
+    const auto a = Arg<const float*>(p, 2);
+    const auto b = Arg<const float*>(p, 3);
+    const auto y = Arg<float*>(p, 4);
+    e.touches = {
+        {reinterpret_cast<CUdeviceptr>(a), uint64_t(Extent(bp.rank, bp.shape, bp.stride_a)) * 4},
+        {reinterpret_cast<CUdeviceptr>(b), uint64_t(Extent(bp.rank, bp.shape, bp.stride_b)) * 4},
+        {reinterpret_cast<CUdeviceptr>(y), uint64_t(bp.n) * 4}};
+    e.run = [=] {
+      for (int64_t i = 0; i < bp.n; ++i) {
+        const int64_t ia = bp.contiguous ? i : Offset(i, bp.rank, bp.shape, bp.stride_a);
+        const int64_t ib = bp.contiguous ? i : Offset(i, bp.rank, bp.shape, bp.stride_b);
+        y[i] = BinaryF32(op, a[ia], b[ib]);
+      }
+      return CUDA_SUCCESS;
+    };
+    return true;
+  }
+  if (name == "tessera_reduce_f32") {
+    const int op = Arg<int>(p, 0);
+    const auto rp = Arg<tc::ReduceParams>(p, 1);
+    const auto x = Arg<const float*>(p, 2);
+    const auto y = Arg<float*>(p, 3);
+    const int64_t extent =
+        rp.count == 0 ? 0
+                      : Extent(rp.kept_rank, rp.kept_shape, rp.kept_strides) +
+                            Extent(rp.reduced_rank, rp.reduced_shape, rp.reduced_strides) - 1;
+    e.touches = {{reinterpret_cast<CUdeviceptr>(x), uint64_t(extent) * 4},
+                 {reinterpret_cast<CUdeviceptr>(y), uint64_t(rp.outputs) * 4}};
+    e.rows = true;
+    e.run = [=] {
+      for (int64_t o = 0; o < rp.outputs; ++o) {
+        const int64_t base = Offset(o, rp.kept_rank, rp.kept_shape, rp.kept_strides);
+        double acc = op == tc::kMax ? -INFINITY : op == tc::kMin ? INFINITY : 0.0;
+        for (int64_t r = 0; r < rp.count; ++r) {
+          const double v =
+              x[base + Offset(r, rp.reduced_rank, rp.reduced_shape, rp.reduced_strides)];
+          if (op == tc::kSum || op == tc::kMean) {
+            acc += v;
+          } else if (!std::isnan(acc)) {
+            acc = (std::isnan(v) || (op == tc::kMax ? v > acc : v < acc)) ? v : acc;
+          }
+        }
+        if (op == tc::kMean) acc = rp.count == 0 ? NAN : acc / static_cast<double>(rp.count);
+        y[o] = static_cast<float>(acc);
+      }
+      return CUDA_SUCCESS;
+    };
+    return true;
+  }
+  if (name == "tessera_permute_4") {
+    const auto pp = Arg<tc::PermuteParams>(p, 0);
+    const auto x = Arg<const uint32_t*>(p, 1);
+    const auto y = Arg<uint32_t*>(p, 2);
+    e.touches = {{reinterpret_cast<CUdeviceptr>(x),
+                  uint64_t(Extent(pp.rank, pp.out_shape, pp.in_strides)) * 4},
+                 {reinterpret_cast<CUdeviceptr>(y), uint64_t(pp.n) * 4}};
+    e.run = [=] {
+      for (int64_t i = 0; i < pp.n; ++i) y[i] = x[Offset(i, pp.rank, pp.out_shape, pp.in_strides)];
+      return CUDA_SUCCESS;
+    };
+    return true;
+  }
+  if (name == "tessera_fill") {
+    const int64_t n = Arg<int64_t>(p, 0);
+    void* y = Arg<void*>(p, 1);
+    const int dtype = Arg<int>(p, 2);  // kernels::DType: 1 f32, 4 f64, 5 i32, 6 i64
+    const double value = Arg<double>(p, 3);
+    const int size = dtype == 1 || dtype == 5 ? 4 : dtype == 4 || dtype == 6 ? 8 : 0;
+    if (size == 0) return false;
+    e.touches = {{reinterpret_cast<CUdeviceptr>(y), uint64_t(n) * size}};
+    e.run = [=] {
+      for (int64_t i = 0; i < n; ++i) {
+        if (dtype == 1) static_cast<float*>(y)[i] = static_cast<float>(value);
+        if (dtype == 4) static_cast<double*>(y)[i] = value;
+        if (dtype == 5) static_cast<int32_t*>(y)[i] = static_cast<int32_t>(value);
+        if (dtype == 6) static_cast<int64_t*>(y)[i] = static_cast<int64_t>(value);
+      }
+      return CUDA_SUCCESS;
+    };
+    return true;
+  }
+  if (name == "tessera_test_fault") {
+    const int64_t address = Arg<int64_t>(p, 0);
+    e.run = [address] {
+      (void)address;  // never mapped: the store faults
+      return CUDA_ERROR_ILLEGAL_ADDRESS;
+    };
+    return true;
+  }
+  return false;
+}
+
+CUresult Fake_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                             unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                             CUstream stream, void** params, void** extra) {
+  if (f == nullptr || params == nullptr || extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = StreamIn(stream, "cuLaunchKernel"); r != CUDA_SUCCESS) return r;
+  if (Current() != stream->context) {
+    Misuse("cuLaunchKernel on a stream of a context that is not current");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  const std::string& name = reinterpret_cast<CUkern_st*>(f)->name;
+  if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || bx > 1024 || by != 1 || bz != 1 || shmem != 0) {
+    Misuse("%s launched with grid %ux%ux%u, block %ux%ux%u, %u bytes of shared memory",
+           name.c_str(), gx, gy, gz, bx, by, bz, shmem);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Emulated e;
+  if (!Emulate(name, params, e)) {
+    std::fprintf(stderr, "fake libcuda: kernel %s (these arguments) is not emulated\n",
+                 name.c_str());
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (e.rows && bx % 32 != 0) {
+    Misuse("%s needs a multiple of 32 threads per block, got %u", name.c_str(), bx);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (const Range& range : e.touches) {
+    if (range.bytes != 0 && !Owned(stream->context, range.ptr, range.bytes)) {
+      Misuse("%s would touch [0x%llx, +%llu) outside the context's allocations", name.c_str(),
+             static_cast<unsigned long long>(range.ptr),
+             static_cast<unsigned long long>(range.bytes));
+      stream->Enqueue([] { return CUDA_ERROR_ILLEGAL_ADDRESS; });
+      return CUDA_SUCCESS;  // as on a GPU, the fault surfaces asynchronously
+    }
+  }
+  stream->Enqueue(std::move(e.run));
+  return CUDA_SUCCESS;
+}
+
+// ---- errors and the entry-point table ------------------------------------------------------
+
+struct ErrorText {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY, "CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY",
+     "the provided execution affinity is not supported"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS",
+     "an illegal memory access was encountered"},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_MPS_SERVER_NOT_READY, "CUDA_ERROR_MPS_SERVER_NOT_READY",
+     "MPS client failed to connect to the MPS control daemon or the MPS server"},
+    {CUDA_ERROR_MPS_MAX_CLIENTS_REACHED, "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED",
+     "the hardware resources required to create MPS client have been exhausted"},
+    {CUDA_ERROR_INVALID_RESOURCE_TYPE, "CUDA_ERROR_INVALID_RESOURCE_TYPE", "invalid resource type"},
+    {CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, "CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION",
+     "invalid resource configuration"},
+};
+
+CUresult Fake_cuGetErrorName(CUresult error, const char** name) {
+  for (const ErrorText& e : kErrors) {
+    if (e.code == error) {
+      *name = e.name;
+      return CUDA_SUCCESS;
+    }
+  }
+  *name = nullptr;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult Fake_cuGetErrorString(CUresult error, const char** text) {
+  for (const ErrorText& e : kErrors) {
+    if (e.code == error) {
+      *text = e.text;
+      return CUDA_SUCCESS;
+    }
+  }
+  *text = nullptr;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+struct Entry {
+  const char* name;
+  void* fn;
+  bool green;
+};
+
+// Each fake is checked against the CUDA 13 prototype it stands for.
+#define FAKE_ENTRY(name) \
+  Entry { #name, reinterpret_cast < void*>(static_cast <decltype(&::name)>(&Fake_##name)), false }
+#define FAKE_GREEN(name) \
+  Entry { #name, reinterpret_cast < void*>(static_cast <decltype(&::name)>(&Fake_##name)), true }
+
+const std::vector<Entry>& Entries() {
+  static const std::vector<Entry> entries = {
+      FAKE_ENTRY(cuInit),
+      FAKE_ENTRY(cuDriverGetVersion),
+      FAKE_ENTRY(cuDeviceGetCount),
+      FAKE_ENTRY(cuDeviceGet),
+      FAKE_ENTRY(cuDeviceGetName),
+      FAKE_ENTRY(cuDeviceTotalMem),
+      FAKE_ENTRY(cuDeviceGetAttribute),
+      FAKE_ENTRY(cuCtxCreate),
+      FAKE_ENTRY(cuCtxDestroy),
+      FAKE_ENTRY(cuCtxPushCurrent),
+      FAKE_ENTRY(cuCtxPopCurrent),
+      FAKE_ENTRY(cuCtxGetExecAffinity),
+      FAKE_ENTRY(cuCtxGetStreamPriorityRange),
+      FAKE_ENTRY(cuMemAlloc),
+      FAKE_ENTRY(cuMemFree),
+      FAKE_ENTRY(cuMemsetD8Async),
+      FAKE_ENTRY(cuMemcpyHtoDAsync),
+      FAKE_ENTRY(cuMemcpyDtoHAsync),
+      FAKE_ENTRY(cuMemcpyDtoDAsync),
+      FAKE_ENTRY(cuMemHostAlloc),
+      FAKE_ENTRY(cuMemFreeHost),
+      FAKE_ENTRY(cuMemGetInfo),
+      FAKE_ENTRY(cuStreamCreateWithPriority),
+      FAKE_ENTRY(cuStreamDestroy),
+      FAKE_ENTRY(cuStreamSynchronize),
+      FAKE_ENTRY(cuStreamQuery),
+      FAKE_ENTRY(cuLaunchHostFunc),
+      FAKE_ENTRY(cuLaunchKernel),
+      FAKE_ENTRY(cuEventCreate),
+      FAKE_ENTRY(cuEventDestroy),
+      FAKE_ENTRY(cuEventRecord),
+      FAKE_ENTRY(cuEventQuery),
+      FAKE_ENTRY(cuEventSynchronize),
+      FAKE_ENTRY(cuEventElapsedTime),
+      FAKE_ENTRY(cuLibraryLoadData),
+      FAKE_ENTRY(cuLibraryUnload),
+      FAKE_ENTRY(cuLibraryGetKernel),
+      FAKE_ENTRY(cuGetErrorName),
+      FAKE_ENTRY(cuGetErrorString),
+      FAKE_GREEN(cuDeviceGetDevResource),
+      FAKE_GREEN(cuDevSmResourceSplitByCount),
+      FAKE_GREEN(cuDevResourceGenerateDesc),
+      FAKE_GREEN(cuGreenCtxCreate),
+      FAKE_GREEN(cuGreenCtxDestroy),
+      FAKE_GREEN(cuCtxFromGreenCtx),
+      FAKE_GREEN(cuGreenCtxStreamCreate),
+  };
+  return entries;
+}
+
+}  // namespace
+
+FAKE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
+                                         cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
+  (void)flags;
+  if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pfn = nullptr;
+  if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  if (version < kDriverVersion) {  // this fake serves the CUDA 13 variants only
+    if (status != nullptr) *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  const char* green = std::getenv("TESSERA_FAKE_CUDA_GREEN");
+  const bool no_green = green != nullptr && std::strcmp(green, "0") == 0;
+  for (const Entry& e : Entries()) {
+    if (std::strcmp(e.name, symbol) != 0 || (e.green && no_green)) continue;
+    *pfn = e.fn;
+    if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+FAKE_EXPORT CUresult cuDriverGetVersion(int* version) { return Fake_cuDriverGetVersion(version); }
+
+/// Misuses seen so far (see the top of this file).
+FAKE_EXPORT int tessera_fake_cuda_misuses() { return g_misuses.load(); }
