@@ -12,7 +12,6 @@
 #include <dlfcn.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -22,8 +21,8 @@
 #include "server/backend/cuda_module.h"
 #include "server/backend/select.h"
 #include "tessera/client.h"
+#include "tests/testing/context_runner.h"
 #include "tests/testing/fake_mps.h"
-#include "tests/testing/host_tensor.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
 
@@ -42,19 +41,8 @@ Quota TestQuota(uint32_t share, uint32_t streams = 2) {
                .priority = Priority::kNormal};
 }
 
-absl::Status RunJob(TenantContext& context, std::vector<Step> steps, int stream = 0) {
-  absl::Notification done;
-  absl::Status status;
-  context.Enqueue(
-      stream, std::move(steps), [] { return true; },
-      [&](ExecResult r) {
-        status = r.status;
-        done.Notify();
-      });
-  if (!done.WaitForNotificationWithTimeout(absl::Seconds(30))) {
-    return absl::DeadlineExceededError("the job did not finish in 30 s");
-  }
-  return status;
+absl::Status RunJob(TenantContext& context, std::vector<Step> steps) {
+  return testing::RunSteps(context, std::move(steps), 0, absl::Seconds(30));
 }
 
 class FakeCudaTest : public ::testing::Test {
@@ -291,35 +279,6 @@ std::vector<Case> F32Cases() {
   return cases;
 }
 
-// Allocates, uploads, runs and downloads one plan (outputs in fresh buffers).
-std::vector<testing::HostTensor> RunPlan(TenantContext& context, const kernels::Plan& plan,
-                                         const std::vector<testing::HostTensor>& inputs) {
-  Step step;
-  step.plan = plan;
-  for (const testing::HostTensor& in : inputs) {
-    auto b = context.Allocate(in.bytes.size());
-    EXPECT_TRUE(b.ok()) << b.status();
-    if (!in.bytes.empty()) {
-      EXPECT_TRUE(context.CopyIn(**b, 0, in.data(), in.bytes.size()).ok());
-    }
-    step.inputs.push_back(*b);
-  }
-  std::vector<testing::HostTensor> out;
-  for (const TensorMeta& m : plan.outputs) {
-    out.emplace_back(m.dtype, m.shape);
-    auto b = context.Allocate(out.back().bytes.size());
-    EXPECT_TRUE(b.ok()) << b.status();
-    step.outputs.push_back(*b);
-  }
-  std::vector<std::shared_ptr<DeviceBuffer>> buffers = step.outputs;
-  absl::Status s = RunJob(context, {std::move(step)});
-  EXPECT_TRUE(s.ok()) << s;
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    EXPECT_TRUE(context.CopyOut(*buffers[i], 0, out[i].data(), out[i].bytes.size()).ok());
-  }
-  return out;
-}
-
 void ExpectSame(const testing::HostTensor& want, const testing::HostTensor& got) {
   ASSERT_EQ(want.size(), got.size());
   int mismatches = 0;
@@ -344,17 +303,13 @@ TEST_F(FakeCudaTest, LaunchGeometryMatchesTheCpuBackendForTheEmulatedKernels) {
     auto plan = kernels::Registry::Global().Prepare(c.kernel, c.inputs, c.attrs);
     ASSERT_TRUE(plan.ok()) << c.kernel << ": " << plan.status();
     SCOPED_TRACE(absl::StrCat(c.kernel, " -> ", plan->outputs[0].shape.size(), "-d output"));
-    const bool positive =
-        c.kernel == "log" || c.kernel == "sqrt" || c.kernel == "rsqrt" || c.kernel == "pow";
-    std::vector<testing::HostTensor> inputs;
-    for (const TensorMeta& m : plan->inputs) {
-      inputs.emplace_back(m.dtype, m.shape);
-      inputs.back().Randomize(rng, positive ? 0.1 : -2.0, positive ? 3.0 : 2.0);
-    }
-    std::vector<testing::HostTensor> want = RunPlan(*cpu, *plan, inputs);
-    std::vector<testing::HostTensor> got = RunPlan(*gpu, *plan, inputs);
-    ASSERT_EQ(want.size(), got.size());
-    for (size_t o = 0; o < want.size(); ++o) ExpectSame(want[o], got[o]);
+    std::vector<testing::HostTensor> inputs = testing::RandomInputs(*plan, c.kernel, rng);
+    auto want = testing::RunPlan(*cpu, *plan, inputs);
+    auto got = testing::RunPlan(*gpu, *plan, inputs);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(want->size(), got->size());
+    for (size_t o = 0; o < want->size(); ++o) ExpectSame((*want)[o], (*got)[o]);
   }
 }
 

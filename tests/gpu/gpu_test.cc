@@ -20,7 +20,7 @@
 #include "server/backend/cpu/cpu_backend.h"
 #include "server/backend/cuda_module.h"
 #include "server/backend/select.h"
-#include "tests/testing/host_tensor.h"
+#include "tests/testing/context_runner.h"
 
 namespace tessera {
 namespace {
@@ -36,53 +36,16 @@ Quota TestQuota(uint32_t share = 50, uint32_t streams = 2) {
                .priority = Priority::kNormal};
 }
 
-// Runs plans on one context: allocate, upload, enqueue, wait, download.
+// One tenant context and the helpers of tests/testing/context_runner.h.
 struct Runner {
   std::unique_ptr<TenantContext> context;
 
   absl::StatusOr<std::vector<testing::HostTensor>> Run(
       const kernels::Plan& plan, const std::vector<testing::HostTensor>& inputs, int stream = 0) {
-    Step step;
-    step.plan = plan;
-    for (const testing::HostTensor& in : inputs) {
-      auto b = context->Allocate(in.bytes.size());
-      if (!b.ok()) return b.status();
-      if (!in.bytes.empty()) {
-        absl::Status s = context->CopyIn(**b, 0, in.data(), in.bytes.size());
-        if (!s.ok()) return s;
-      }
-      step.inputs.push_back(*b);
-    }
-    std::vector<testing::HostTensor> result;
-    for (const TensorMeta& out : plan.outputs) {
-      result.emplace_back(out.dtype, out.shape);
-      auto b = context->Allocate(result.back().bytes.size());
-      if (!b.ok()) return b.status();
-      step.outputs.push_back(*b);
-    }
-    std::vector<std::shared_ptr<DeviceBuffer>> outputs = step.outputs;
-    absl::Status status = Wait(stream, {std::move(step)});
-    if (!status.ok()) return status;
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      absl::Status s = context->CopyOut(*outputs[i], 0, result[i].data(), result[i].bytes.size());
-      if (!s.ok()) return s;
-    }
-    return result;
+    return testing::RunPlan(*context, plan, inputs, stream);
   }
-
   absl::Status Wait(int stream, std::vector<Step> steps) {
-    absl::Notification done;
-    ExecResult result;
-    context->Enqueue(
-        stream, std::move(steps), [] { return true; },
-        [&](ExecResult r) {
-          result = std::move(r);
-          done.Notify();
-        });
-    if (!done.WaitForNotificationWithTimeout(absl::Seconds(60))) {
-      return absl::DeadlineExceededError("the job did not finish in 60 s");
-    }
-    return result.status;
+    return testing::RunSteps(*context, std::move(steps), stream);
   }
 };
 
@@ -226,13 +189,7 @@ TEST_F(GpuTest, EveryCatalogKernelMatchesTheCpuBackend) {
     absl::StatusOr<kernels::Plan> plan =
         kernels::Registry::Global().Prepare(c.kernel, c.inputs, c.attrs);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    const bool positive =
-        c.kernel == "log" || c.kernel == "sqrt" || c.kernel == "rsqrt" || c.kernel == "pow";
-    std::vector<testing::HostTensor> inputs;
-    for (const TensorMeta& m : plan->inputs) {
-      inputs.emplace_back(m.dtype, m.shape);
-      inputs.back().Randomize(rng, positive ? 0.1 : -2.0, positive ? 3.0 : 2.0);
-    }
+    std::vector<testing::HostTensor> inputs = testing::RandomInputs(*plan, c.kernel, rng);
     auto want = cpu.Run(*plan, inputs);
     auto got = gpu.Run(*plan, inputs);
     ASSERT_TRUE(want.ok()) << want.status();
