@@ -33,14 +33,6 @@ using kernels::DType;
 using kernels::TensorMeta;
 using ::testing::HasSubstr;
 
-Quota TestQuota(uint32_t share, uint32_t streams = 2) {
-  return Quota{.device_memory_bytes = 1ull << 30,
-               .compute_share_percent = share,
-               .max_streams = streams,
-               .max_queued_jobs = 64,
-               .priority = Priority::kNormal};
-}
-
 absl::Status RunJob(TenantContext& context, std::vector<Step> steps) {
   return testing::RunSteps(context, std::move(steps), 0, absl::Seconds(30));
 }
@@ -74,7 +66,7 @@ class FakeCudaTest : public ::testing::Test {
 
   std::unique_ptr<TenantContext> Context(const std::string& id, uint32_t share,
                                          uint32_t streams = 2) {
-    auto context = backend_->CreateContext({id, TestQuota(share, streams), 0});
+    auto context = backend_->CreateContext({id, testing::TestQuota(share, streams), 0});
     EXPECT_TRUE(context.ok()) << context.status();
     return context.ok() ? *std::move(context) : nullptr;
   }
@@ -97,9 +89,9 @@ TEST_F(FakeCudaTest, TheModuleLoadsTheDriverAndListsItsDevices) {
     EXPECT_EQ(d.context_limit, 0u);  // no MPS, no client limit
   }
   EXPECT_EQ(cuda.mps().decision, MpsDecision::kFallback) << cuda.mps().reason;
-  auto second = cuda.CreateContext({"on-gpu-1", TestQuota(50), 1});
+  auto second = cuda.CreateContext({"on-gpu-1", testing::TestQuota(50), 1});
   ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_EQ(cuda.CreateContext({"nowhere", TestQuota(50), 2}).status().code(),
+  EXPECT_EQ(cuda.CreateContext({"nowhere", testing::TestQuota(50), 2}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -190,15 +182,15 @@ TEST_F(FakeCudaTest, TheDriversMpsClientLimitIsResourceExhausted) {
   ASSERT_EQ(cuda.mps().decision, MpsDecision::kMps) << cuda.mps().reason;
   std::vector<std::unique_ptr<TenantContext>> contexts;
   for (int i = 0; i < 48; ++i) {
-    auto c = cuda.CreateContext({absl::StrCat("t", i), TestQuota(10, 1), 0});
+    auto c = cuda.CreateContext({absl::StrCat("t", i), testing::TestQuota(10, 1), 0});
     ASSERT_TRUE(c.ok()) << i << ": " << c.status();
     contexts.push_back(*std::move(c));
   }
-  auto refused = cuda.CreateContext({"one-too-many", TestQuota(10, 1), 0});
+  auto refused = cuda.CreateContext({"one-too-many", testing::TestQuota(10, 1), 0});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_THAT(refused.status().message(), HasSubstr("CUDA_ERROR_MPS_MAX_CLIENTS_REACHED"));
   contexts.pop_back();  // a client leaves: there is room again
-  EXPECT_TRUE(cuda.CreateContext({"next", TestQuota(10, 1), 0}).ok());
+  EXPECT_TRUE(cuda.CreateContext({"next", testing::TestQuota(10, 1), 0}).ok());
 }
 
 TEST_F(FakeCudaTest, AnMpsFaultReachesEveryTenantOnTheDeviceAndBothComeBack) {
@@ -297,7 +289,7 @@ TEST_F(FakeCudaTest, LaunchGeometryMatchesTheCpuBackendForTheEmulatedKernels) {
   auto gpu = Context("geometry", 50);
   ASSERT_NE(gpu, nullptr);
   CpuBackend cpu_backend(CpuBackend::Options{.memory_bytes = 1ull << 30, .reason = "test"});
-  auto cpu = *cpu_backend.CreateContext({"cpu", TestQuota(50), 0});
+  auto cpu = *cpu_backend.CreateContext({"cpu", testing::TestQuota(50), 0});
   std::mt19937 rng(11);
   for (const Case& c : F32Cases()) {
     auto plan = kernels::Registry::Global().Prepare(c.kernel, c.inputs, c.attrs);

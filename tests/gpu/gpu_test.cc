@@ -28,14 +28,6 @@ namespace {
 using kernels::DType;
 using kernels::TensorMeta;
 
-Quota TestQuota(uint32_t share = 50, uint32_t streams = 2) {
-  return Quota{.device_memory_bytes = 1ull << 30,
-               .compute_share_percent = share,
-               .max_streams = streams,
-               .max_queued_jobs = 64,
-               .priority = Priority::kNormal};
-}
-
 // One tenant context and the helpers of tests/testing/context_runner.h.
 struct Runner {
   std::unique_ptr<TenantContext> context;
@@ -79,11 +71,11 @@ class GpuTest : public ::testing::Test {
   }
 
   Runner Gpu(uint32_t share = 50, uint32_t streams = 2, const std::string& id = "gpu-tenant") {
-    auto context = gpu_->CreateContext({id, TestQuota(share, streams), 0});
+    auto context = gpu_->CreateContext({id, testing::TestQuota(share, streams), 0});
     EXPECT_TRUE(context.ok()) << context.status();
     return Runner{context.ok() ? *std::move(context) : nullptr};
   }
-  Runner Cpu() { return Runner{*cpu_->CreateContext({"cpu-tenant", TestQuota(), 0})}; }
+  Runner Cpu() { return Runner{*cpu_->CreateContext({"cpu-tenant", testing::TestQuota(), 0})}; }
 
   std::unique_ptr<Backend> gpu_;
   std::unique_ptr<CpuBackend> cpu_;

@@ -18,6 +18,15 @@
 
 namespace tessera::testing {
 
+/// A 1 GiB tenant quota with `share`% of the compute and `streams` streams.
+inline Quota TestQuota(uint32_t share = 50, uint32_t streams = 2) {
+  return Quota{.device_memory_bytes = 1ull << 30,
+               .compute_share_percent = share,
+               .max_streams = streams,
+               .max_queued_jobs = 64,
+               .priority = Priority::kNormal};
+}
+
 /// Enqueues `steps` on `stream` and waits for the job's status (DEADLINE_EXCEEDED after
 /// `timeout`).
 inline absl::Status RunSteps(TenantContext& context, std::vector<Step> steps, int stream = 0,

@@ -492,12 +492,13 @@ CUresult Fake_cuCtxGetStreamPriorityRange(int* least, int* greatest) {
 
 // ---- green contexts ------------------------------------------------------------------------
 
-void SmResource(const Device& d, unsigned int sms, CUdevResource* out) {
+// An SM resource of `sms` with the partition rules of `rules` (a device's or a split's).
+void SmResource(const CUdevSmResource& rules, unsigned int sms, CUdevResource* out) {
   std::memset(out, 0, sizeof(*out));
   out->type = CU_DEV_RESOURCE_TYPE_SM;
   out->sm.smCount = sms;
-  out->sm.minSmPartitionSize = d.cc_major >= 9 ? 8 : 4;
-  out->sm.smCoscheduledAlignment = d.cc_major >= 9 ? 8 : 2;
+  out->sm.minSmPartitionSize = rules.minSmPartitionSize;
+  out->sm.smCoscheduledAlignment = rules.smCoscheduledAlignment;
 }
 
 CUresult Fake_cuDeviceGetDevResource(CUdevice dev, CUdevResource* resource,
@@ -505,7 +506,10 @@ CUresult Fake_cuDeviceGetDevResource(CUdevice dev, CUdevResource* resource,
   Device* d = nullptr;
   if (CUresult r = DeviceOf(dev, &d); r != CUDA_SUCCESS) return r;
   if (type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_RESOURCE_TYPE;
-  SmResource(*d, static_cast<unsigned int>(d->sms), resource);
+  CUdevSmResource rules{};
+  rules.minSmPartitionSize = d->cc_major >= 9 ? 8 : 4;
+  rules.smCoscheduledAlignment = d->cc_major >= 9 ? 8 : 2;
+  SmResource(rules, static_cast<unsigned int>(d->sms), resource);
   return CUDA_SUCCESS;
 }
 
@@ -526,17 +530,15 @@ CUresult Fake_cuDevSmResourceSplitByCount(CUdevResource* result, unsigned int* g
     return CUDA_SUCCESS;
   }
   *groups = std::min(*groups, possible);
-  Device probe;
-  probe.cc_major = input->sm.minSmPartitionSize >= 8 ? 9 : 8;
   // Outputs of one split carry its serial, so that descriptors can be checked.
   static std::atomic<uint64_t> splits{0};
   const uint64_t serial = ++splits;
   for (unsigned int i = 0; i < *groups; ++i) {
-    SmResource(probe, count, &result[i]);
+    SmResource(input->sm, count, &result[i]);
     std::memcpy(result[i]._internal_padding, &serial, sizeof(serial));
   }
   if (remaining != nullptr) {
-    SmResource(probe, input->sm.smCount - *groups * count, remaining);
+    SmResource(input->sm, input->sm.smCount - *groups * count, remaining);
     std::memcpy(remaining->_internal_padding, &serial, sizeof(serial));
   }
   return CUDA_SUCCESS;
