@@ -46,6 +46,10 @@ struct DeviceInfo {
   uint32_t context_limit = 0;
   /// SMs (GPU) or worker threads (CPU).
   uint32_t compute_units = 0;
+  /// Most jobs the core releases to the device at once, all tenants together (0: no bound
+  /// beyond Backend::stream_in_flight() per stream). Above it jobs wait in the core's queues,
+  /// where they can still be cancelled and are released in weighted fair order.
+  uint32_t max_in_flight = 0;
 };
 
 struct ContextRequest {
@@ -72,17 +76,29 @@ struct Step {
   std::vector<std::shared_ptr<DeviceBuffer>> outputs;
 };
 
-/// How an enqueued program ended.
+/// How a released job ended.
 struct ExecResult {
-  /// OK; CANCELLED (cancelled before it started, or the context closed); or the failure of
-  /// step `failed_step` (steps before it completed, later ones did not run).
+  /// OK; CANCELLED (the context closed before it started); or the failure of step
+  /// `failed_step` (steps before it completed, later ones did not run).
   absl::Status status;
   int failed_step = -1;
+  /// Time the job spent executing (charged to the tenant's fair share); zero if unknown.
+  absl::Duration run_time;
 };
 
-/// A tenant's execution context. Owned by the tenant's runtime; destroying it cancels what
-/// is queued, waits for what runs, and releases every resource the tenant holds on the
-/// device. All methods are thread-safe.
+/// A tenant's execution context. Owned by the tenant's runtime (server/core); destroying it
+/// waits for the jobs released to it, calls their `done`, and releases every resource the
+/// tenant holds on the device.
+///
+/// Threading contract (see docs/architecture.md, "Threads and locks"):
+/// - Every method may be called from any thread, concurrently. The core never holds one of its
+///   own locks (TenantRuntime, JobScheduler, TenantTable) while calling a method here, and a
+///   backend never holds one of its locks while calling back into the core (`done`).
+/// - Methods may block on the device (allocation, copies, synchronization) but never on the
+///   core; they never call `done` of a job other than the one being enqueued.
+/// - Jobs: the core queues jobs, applies queue bounds, fair order, deadlines and cancellation,
+///   and calls Enqueue only for a job that is to run now, at most Backend::stream_in_flight()
+///   per stream at a time. The backend runs a stream's jobs in Enqueue order.
 class TenantContext {
  public:
   virtual ~TenantContext() = default;
@@ -91,16 +107,23 @@ class TenantContext {
 
   /// `bytes` of zero-filled memory. RESOURCE_EXHAUSTED when the device has no room.
   virtual absl::StatusOr<std::shared_ptr<DeviceBuffer>> Allocate(uint64_t bytes) = 0;
-  /// Synchronous copies between host memory and a buffer (ranges checked by the caller).
+  /// Synchronous copies between host memory and a buffer (ranges checked by the caller). They
+  /// may run concurrently with jobs and with each other; the caller keeps a buffer being
+  /// copied away from jobs that write it. Never called on a gRPC callback thread.
   virtual absl::Status CopyIn(DeviceBuffer& dst, uint64_t offset, const void* src,
                               uint64_t bytes) = 0;
   virtual absl::Status CopyOut(const DeviceBuffer& src, uint64_t offset, void* dst,
                                uint64_t bytes) = 0;
 
-  /// Runs `steps` in order after everything enqueued earlier on `stream`. Just before they
-  /// start, `start()` is called; returning false skips them (the job was cancelled). `done`
-  /// is called exactly once, on any thread, and must not block.
-  virtual void Enqueue(int stream, std::vector<Step> steps, absl::AnyInvocable<bool()> start,
+  /// Bytes a job of `steps` allocates while it runs besides its outputs (in-place temporaries,
+  /// widening buffers, library workspaces). The core reserves them from the tenant's memory
+  /// quota before releasing the job. Pure: takes no lock.
+  virtual uint64_t ScratchBytes(const std::vector<Step>& steps) const = 0;
+
+  /// Runs `steps` in order on `stream`, after the jobs enqueued on it before. `done` is called
+  /// exactly once, on any thread (inside Enqueue when the job fails at once), with no backend
+  /// lock held; it may call back into the core, which may call Enqueue again.
+  virtual void Enqueue(int stream, std::vector<Step> steps,
                        absl::AnyInvocable<void(ExecResult) &&> done) = 0;
 
   /// Time this tenant's work has spent executing.
@@ -121,9 +144,14 @@ class Backend {
   virtual MpsState mps() const = 0;
 
   /// Creates a context for a tenant already admitted to `request.device_index`.
-  /// UNAVAILABLE when the device cannot create one now.
+  /// UNAVAILABLE when the device cannot create one now. May block on the device; called
+  /// with no core lock held.
   virtual absl::StatusOr<std::unique_ptr<TenantContext>> CreateContext(
       const ContextRequest& request) = 0;
+
+  /// Jobs the core releases per stream before the first of them completes (>= 1): one keeps
+  /// a CPU worker's stream busy, two let a GPU start the next job without a host round trip.
+  virtual int stream_in_flight() const { return 1; }
 };
 
 }  // namespace tessera

@@ -1,13 +1,16 @@
 #include "server/common/serial_executor.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace tessera {
 
-SerialExecutor::SerialExecutor(std::string name, size_t max_pending)
-    : name_(std::move(name)), max_pending_(max_pending), thread_([this] { Loop(); }) {}
+SerialExecutor::SerialExecutor(std::string name, size_t max_pending, int threads)
+    : name_(std::move(name)), max_pending_(max_pending) {
+  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Loop(); });
+}
 
 SerialExecutor::~SerialExecutor() { Stop(); }
 
@@ -27,7 +30,9 @@ void SerialExecutor::Stop() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  if (thread_.joinable()) thread_.join();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 bool SerialExecutor::HasWorkOrStopping() const { return stopping_ || !tasks_.empty(); }

@@ -5,6 +5,7 @@
 #include <deque>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
@@ -13,14 +14,16 @@
 
 namespace tessera {
 
-/// Runs tasks one at a time, in submission order, on one owned thread. Used to keep
-/// blocking work (durable commits, context creation) off gRPC's callback threads.
+/// Runs tasks on owned threads: with one thread (the default) one at a time, in submission
+/// order. Used to keep blocking work (durable commits, context creation, tensor copies) off
+/// gRPC's callback threads.
 ///
 /// Thread-safe. Tasks must not call Schedule() re-entrantly and wait for the result.
 class SerialExecutor {
  public:
-  /// `max_pending` bounds the queue; Schedule() refuses beyond it.
-  SerialExecutor(std::string name, size_t max_pending);
+  /// `max_pending` bounds the queue; Schedule() refuses beyond it. `threads` > 1 runs that
+  /// many tasks at once (their order is then only the order they start in).
+  SerialExecutor(std::string name, size_t max_pending, int threads = 1);
   /// Runs the tasks already queued, then joins the thread.
   ~SerialExecutor();
 
@@ -43,7 +46,7 @@ class SerialExecutor {
   absl::Mutex mu_;
   std::deque<absl::AnyInvocable<void() &&>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace tessera

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 
 #include "server/common/status_macros.h"
-#include "server/core/admission.h"
 #include "server/core/token.h"
 
 namespace tessera {
@@ -45,10 +44,18 @@ absl::string_view JobStateName(JobState state) {
 }
 
 TenantRuntime::TenantRuntime(std::string tenant_id, Quota quota,
-                             std::unique_ptr<TenantContext> context)
+                             std::unique_ptr<TenantContext> context,
+                             std::shared_ptr<JobScheduler> scheduler, int device)
     : tenant_id_(std::move(tenant_id)),
       quota_(quota),
       context_info_(context->info()),
+      ledger_(MemoryLedger::Create(tenant_id_, quota.device_memory_bytes)),
+      scheduler_(scheduler != nullptr
+                     ? std::move(scheduler)
+                     : JobScheduler::Create({.device_in_flight = std::vector<int>(
+                                                 static_cast<size_t>(device) + 1, 0),
+                                             .stream_in_flight = 1})),
+      queue_(scheduler_->AddTenant(device, quota_, ledger_)),
       context_(std::move(context)) {}
 
 TenantRuntime::~TenantRuntime() { Close("the tenant is gone"); }
@@ -61,16 +68,6 @@ absl::Status TenantRuntime::CheckOpen() const {
 std::shared_ptr<TenantContext> TenantRuntime::ContextOrNull() const {
   absl::MutexLock lock(&mu_);
   return context_;
-}
-
-absl::Status TenantRuntime::CheckQuotaLocked(uint64_t bytes, absl::string_view what) const {
-  if (bytes <= quota_.device_memory_bytes - std::min(used_bytes_, quota_.device_memory_bytes)) {
-    return absl::OkStatus();
-  }
-  return absl::ResourceExhaustedError(
-      absl::StrCat("tenant \"", tenant_id_, "\" memory quota: ", used_bytes_, " bytes used + ",
-                   bytes, " ", what, " > quota.device_memory_bytes ", quota_.device_memory_bytes,
-                   "; delete tensors to free memory"));
 }
 
 absl::StatusOr<TenantRuntime::Tensor*> TenantRuntime::FindLocked(absl::string_view handle) {
@@ -90,40 +87,54 @@ absl::StatusOr<TenantRuntime::Tensor*> TenantRuntime::FindLiveLocked(absl::strin
   return t;
 }
 
-absl::StatusOr<TensorInfo> TenantRuntime::AddTensorLocked(const kernels::TensorMeta& meta,
-                                                          std::shared_ptr<DeviceBuffer>* buffer) {
+absl::StatusOr<std::shared_ptr<DeviceBuffer>> TenantRuntime::AllocateCharged(
+    const kernels::TensorMeta& meta, absl::string_view what, MemoryCharge* from) {
   ASSIGN_OR_RETURN(int64_t size, kernels::ByteSize(meta, "shape"));
-  uint64_t bytes = static_cast<uint64_t>(size);
-  RETURN_IF_ERROR(CheckQuotaLocked(bytes, "requested"));
-  ASSIGN_OR_RETURN(*buffer, context_->Allocate(bytes));
+  const uint64_t bytes = static_cast<uint64_t>(size);
+  MemoryCharge charge;
+  if (from != nullptr) {
+    charge = from->Split(bytes);
+  } else {
+    ASSIGN_OR_RETURN(charge, ledger_->Reserve(MemoryUse::kTensors, bytes, what));
+  }
+  std::shared_ptr<TenantContext> context = ContextOrNull();
+  if (context == nullptr) {
+    absl::MutexLock lock(&mu_);
+    return CheckOpen().ok() ? absl::FailedPreconditionError("the tenant is closed") : CheckOpen();
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<DeviceBuffer> buffer, context->Allocate(bytes));
+  return ChargedBuffer(std::move(buffer), std::move(charge));
+}
+
+absl::StatusOr<TensorInfo> TenantRuntime::InsertLocked(const kernels::TensorMeta& meta,
+                                                       std::shared_ptr<DeviceBuffer> buffer) {
+  RETURN_IF_ERROR(CheckOpen());
   ASSIGN_OR_RETURN(std::string handle, NewId("tn_"));
-  used_bytes_ += bytes;
-  peak_bytes_ = std::max(peak_bytes_, used_bytes_);
-  TensorInfo info{handle, meta, bytes, absl::Now()};
-  tensors_.emplace(handle, Tensor{info, *buffer});
+  TensorInfo info{handle, meta, buffer->size(), absl::Now()};
+  tensors_.emplace(handle, Tensor{info, std::move(buffer)});
   return info;
 }
 
 absl::StatusOr<TensorInfo> TenantRuntime::CreateTensor(const kernels::TensorMeta& meta,
                                                        absl::string_view data) {
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(CheckOpen());
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckOpen());
+  }
   ASSIGN_OR_RETURN(int64_t size, kernels::ByteSize(meta, "spec.shape"));
   if (!data.empty() && data.size() != static_cast<uint64_t>(size)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data is ", data.size(), " bytes; ", kernels::MetaString(meta), " needs exactly ", size));
   }
-  std::shared_ptr<DeviceBuffer> buffer;
-  ASSIGN_OR_RETURN(TensorInfo info, AddTensorLocked(meta, &buffer));
+  // Allocate and fill with no lock held; the tensor exists only once it is complete.
+  ASSIGN_OR_RETURN(std::shared_ptr<DeviceBuffer> buffer, AllocateCharged(meta, "requested"));
   if (!data.empty()) {
-    absl::Status copied = context_->CopyIn(*buffer, 0, data.data(), data.size());
-    if (!copied.ok()) {
-      used_bytes_ -= info.size_bytes;
-      tensors_.erase(info.handle);
-      return copied;
-    }
+    std::shared_ptr<TenantContext> context = ContextOrNull();
+    if (context == nullptr) return absl::FailedPreconditionError("the tenant is closed");
+    RETURN_IF_ERROR(context->CopyIn(*buffer, 0, data.data(), data.size()));
   }
-  return info;
+  absl::MutexLock lock(&mu_);
+  return InsertLocked(meta, std::move(buffer));
 }
 
 absl::StatusOr<TensorInfo> TenantRuntime::GetTensor(absl::string_view handle) const {
@@ -146,13 +157,14 @@ TenantRuntime::TensorPage TenantRuntime::ListTensors(absl::string_view after, si
 }
 
 absl::StatusOr<uint64_t> TenantRuntime::DeleteTensor(absl::string_view handle) {
+  std::shared_ptr<DeviceBuffer> freed;  // freed after the lock is released
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckOpen());
   ASSIGN_OR_RETURN(Tensor * t, FindLocked(handle));
   if (t->job_readers + t->job_writers > 0) return InUse(handle, "a queued or running job");
   if (t->transfers > 0) return InUse(handle, "a ReadTensor or WriteTensor in progress");
   uint64_t bytes = t->info.size_bytes;
-  used_bytes_ -= bytes;
+  freed = std::move(t->buffer);
   tensors_.erase(tensors_.find(handle));
   return bytes;
 }
@@ -160,17 +172,18 @@ absl::StatusOr<uint64_t> TenantRuntime::DeleteTensor(absl::string_view handle) {
 // ---- transfers ---------------------------------------------------------------------------------
 
 TenantRuntime::Writer::Writer(std::shared_ptr<TenantRuntime> runtime, TensorInfo info,
-                              std::shared_ptr<DeviceBuffer> buffer, bool created)
+                              std::shared_ptr<DeviceBuffer> staging, bool created)
     : runtime_(std::move(runtime)),
       info_(std::move(info)),
-      buffer_(std::move(buffer)),
+      staging_(std::move(staging)),
       created_(created) {}
 
 TenantRuntime::Writer::~Writer() {
-  if (!finished_) runtime_->EndTransfer(info_.handle, /*delete_tensor=*/created_);
+  if (!finished_ && !created_) runtime_->EndTransfer(info_.handle);
 }
 
 absl::Status TenantRuntime::Writer::Write(uint64_t offset, absl::string_view data) {
+  if (finished_) return absl::FailedPreconditionError("the upload is already committed");
   if (offset > info_.size_bytes || data.size() > info_.size_bytes - offset) {
     return absl::InvalidArgumentError(absl::StrCat("chunk at offset ", offset, " of ", data.size(),
                                                    " bytes extends past the end (",
@@ -187,48 +200,70 @@ absl::Status TenantRuntime::Writer::Write(uint64_t offset, absl::string_view dat
   }
   std::shared_ptr<TenantContext> context = runtime_->ContextOrNull();
   if (context == nullptr) return absl::FailedPreconditionError("the tenant is closed");
-  RETURN_IF_ERROR(context->CopyIn(*buffer_, offset, data.data(), data.size()));
+  RETURN_IF_ERROR(context->CopyIn(*staging_, offset, data.data(), data.size()));
   ranges_.emplace(offset, end);
   written_ += data.size();
   return absl::OkStatus();
 }
 
 absl::StatusOr<TensorInfo> TenantRuntime::Writer::Finish() {
+  if (finished_) return absl::FailedPreconditionError("the upload is already committed");
   if (written_ != info_.size_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("received ", written_, " bytes; ",
                                                    kernels::MetaString(info_.meta),
                                                    " needs exactly ", info_.size_bytes));
   }
+  std::shared_ptr<DeviceBuffer> replaced;  // the old contents, freed after the lock
+  TenantRuntime& rt = *runtime_;
+  absl::MutexLock lock(&rt.mu_);
+  if (created_) {
+    ASSIGN_OR_RETURN(info_, rt.InsertLocked(info_.meta, std::move(staging_)));
+    finished_ = true;
+    return info_;
+  }
+  RETURN_IF_ERROR(rt.CheckOpen());
+  ASSIGN_OR_RETURN(Tensor * t, rt.FindLocked(info_.handle));
+  // The transfer pin kept jobs from writing it and other transfers away; jobs that read it
+  // meanwhile read the previous contents, which stay whole until this swap.
+  replaced = std::exchange(t->buffer, std::move(staging_));
+  t->transfers--;
   finished_ = true;
-  runtime_->EndTransfer(info_.handle, /*delete_tensor=*/false);
-  return info_;
+  return t->info;
 }
 
 absl::StatusOr<std::unique_ptr<TenantRuntime::Writer>> TenantRuntime::BeginWrite(
     const std::string& handle, const std::optional<kernels::TensorMeta>& create) {
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(CheckOpen());
-  std::shared_ptr<DeviceBuffer> buffer;
   TensorInfo info;
   if (create.has_value()) {
-    ASSIGN_OR_RETURN(info, AddTensorLocked(*create, &buffer));
+    ASSIGN_OR_RETURN(int64_t size, kernels::ByteSize(*create, "header.create.shape"));
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckOpen());
+    info.meta = *create;
+    info.size_bytes = static_cast<uint64_t>(size);
   } else {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckOpen());
     ASSIGN_OR_RETURN(Tensor * t, FindLiveLocked(handle));
     if (t->job_readers + t->job_writers > 0) return InUse(handle, "a queued or running job");
     if (t->transfers > 0) return InUse(handle, "a ReadTensor or WriteTensor in progress");
     info = t->info;
-    buffer = t->buffer;
+    t->transfers++;
   }
-  tensors_.find(info.handle)->second.transfers++;
+  absl::StatusOr<std::shared_ptr<DeviceBuffer>> staging = AllocateCharged(
+      info.meta, create.has_value() ? "for the new tensor" : "for the upload's staging copy");
+  if (!staging.ok()) {
+    if (!create.has_value()) EndTransfer(info.handle);
+    return staging.status();
+  }
   return std::unique_ptr<Writer>(
-      new Writer(shared_from_this(), std::move(info), std::move(buffer), create.has_value()));
+      new Writer(shared_from_this(), std::move(info), *std::move(staging), create.has_value()));
 }
 
 TenantRuntime::Reader::Reader(std::shared_ptr<TenantRuntime> runtime, TensorInfo info,
                               std::shared_ptr<DeviceBuffer> buffer)
     : runtime_(std::move(runtime)), info_(std::move(info)), buffer_(std::move(buffer)) {}
 
-TenantRuntime::Reader::~Reader() { runtime_->EndTransfer(info_.handle, false); }
+TenantRuntime::Reader::~Reader() { runtime_->EndTransfer(info_.handle); }
 
 absl::Status TenantRuntime::Reader::Read(uint64_t offset, uint64_t bytes, void* dst) {
   std::shared_ptr<TenantContext> context = runtime_->ContextOrNull();
@@ -246,24 +281,84 @@ absl::StatusOr<std::unique_ptr<TenantRuntime::Reader>> TenantRuntime::BeginRead(
   return std::unique_ptr<Reader>(new Reader(shared_from_this(), t->info, t->buffer));
 }
 
-void TenantRuntime::EndTransfer(const std::string& handle, bool delete_tensor) {
+void TenantRuntime::EndTransfer(const std::string& handle) {
   absl::MutexLock lock(&mu_);
   auto it = tensors_.find(handle);
   if (it == tensors_.end()) return;  // released by Close
   it->second.transfers--;
-  if (delete_tensor && it->second.transfers == 0) {
-    used_bytes_ -= it->second.info.size_bytes;
-    tensors_.erase(it);
-  }
+}
+
+uint64_t TenantRuntime::AddTransferHook(absl::AnyInvocable<void() &&> cancel) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = ++hook_counter_;
+  transfer_hooks_.emplace(id, std::move(cancel));
+  return id;
+}
+
+void TenantRuntime::RemoveTransferHook(uint64_t id) {
+  absl::AnyInvocable<void() &&> hook;  // destroyed after the lock is released
+  absl::MutexLock lock(&mu_);
+  auto it = transfer_hooks_.find(id);
+  if (it == transfer_hooks_.end()) return;
+  hook = std::move(it->second);
+  transfer_hooks_.erase(it);
 }
 
 // ---- jobs --------------------------------------------------------------------------------------
 
+// What Submit has taken and gives back unless the job is committed: the pins on existing
+// tensors (job reader/writer counts) and the new outputs' buffers (freed with their charge).
+class TenantRuntime::Pins {
+ public:
+  explicit Pins(TenantRuntime* runtime) : runtime_(runtime) {}
+  ~Pins() {
+    if (committed_ || (reads_.empty() && writes_.empty())) return;
+    absl::MutexLock lock(&runtime_->mu_);
+    for (const std::string& h : reads_) {
+      if (auto it = runtime_->tensors_.find(h); it != runtime_->tensors_.end()) {
+        it->second.job_readers--;
+      }
+    }
+    for (const std::string& h : writes_) {
+      if (auto it = runtime_->tensors_.find(h); it != runtime_->tensors_.end()) {
+        it->second.job_writers--;
+      }
+    }
+  }
+  void Read(Tensor& t) {
+    t.job_readers++;
+    reads_.push_back(t.info.handle);
+  }
+  void Write(Tensor& t) {
+    t.job_writers++;
+    writes_.push_back(t.info.handle);
+  }
+  /// The job now holds the pins (released by ReleaseLocked).
+  void Commit(Job& job) {
+    job.reads = reads_;
+    job.writes = writes_;
+    committed_ = true;
+  }
+
+ private:
+  TenantRuntime* const runtime_;
+  std::vector<std::string> reads_, writes_;
+  bool committed_ = false;
+};
+
 absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<LaunchSpec> steps,
-                                              bool program, JobCallback on_done) {
-  absl::MutexLock submit_lock(&submit_mu_);
-  std::shared_ptr<Job> job;
-  std::vector<Step> exec;
+                                              bool program, JobCallback on_done,
+                                              absl::Time deadline) {
+  // 1. Resolve: validate every step against the registry and the tenant's tensors, and pin
+  //    the tensors it uses so that they stay while the lock is released.
+  struct Resolved {
+    std::vector<std::shared_ptr<DeviceBuffer>> inputs;   // nullptr: an earlier step's output
+    std::vector<std::shared_ptr<DeviceBuffer>> outputs;  // nullptr: a new tensor
+    std::vector<TensorInfo> output_infos;                // of existing outputs
+  };
+  std::vector<Resolved> resolved(steps.size());
+  std::vector<kernels::Plan> plans;
+  Pins pins(this);
   std::shared_ptr<TenantContext> context;
   {
     absl::MutexLock lock(&mu_);
@@ -278,18 +373,11 @@ absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<Launch
           absl::StrCat("a program has 1..", kMaxProgramSteps, " steps; got ", steps.size()));
     }
     if (queued_ >= quota_.max_queued_jobs) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "tenant \"", tenant_id_, "\" has ", queued_, " jobs queued; quota.max_queued_jobs is ",
-          quota_.max_queued_jobs, "; wait for some to finish"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tenant \"", tenant_id_, "\" has ", queued_, " jobs queued (", running_,
+                       " more running); quota.max_queued_jobs is ", quota_.max_queued_jobs,
+                       "; wait for some to finish"));
     }
-    // Validate every step before allocating anything.
-    struct Resolved {
-      std::vector<Tensor*> inputs;   // nullptr: an earlier step's output
-      std::vector<Tensor*> outputs;  // nullptr: a new tensor
-    };
-    std::vector<Resolved> resolved(steps.size());
-    std::vector<kernels::Plan> plans;
-    uint64_t new_bytes = 0;
     for (size_t i = 0; i < steps.size(); ++i) {
       const LaunchSpec& spec = steps[i];
       auto fail = [&](const absl::Status& s) {
@@ -313,10 +401,12 @@ absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<Launch
           absl::StatusOr<Tensor*> t = FindLiveLocked(op.handle);
           if (!t.ok()) return fail(t.status());
           metas.push_back((*t)->info.meta);
-          resolved[i].inputs.push_back(*t);
+          resolved[i].inputs.push_back((*t)->buffer);
+          pins.Read(**t);
         }
       }
       kernels::OutputHints hints;
+      std::vector<Tensor*> existing;
       for (size_t k = 0; k < spec.outputs.size(); ++k) {
         const OutputSpec& out = spec.outputs[k];
         if (out.kind == OutputSpec::Kind::kHandle) {
@@ -325,21 +415,19 @@ absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<Launch
           if ((*t)->transfers > 0) {
             return fail(InUse(out.handle, "a ReadTensor or WriteTensor in progress"));
           }
-          for (size_t j = 0; j < k; ++j) {
-            if (resolved[i].outputs[j] == *t) {
+          for (Tensor* e : existing) {
+            if (e == *t) {
               return fail(absl::InvalidArgumentError(
                   absl::StrCat("outputs[", k, "] repeats tensor \"", out.handle, "\"")));
             }
           }
+          existing.push_back(*t);
           hints.push_back((*t)->info.meta);
-          resolved[i].outputs.push_back(*t);
         } else {
-          if (out.kind == OutputSpec::Kind::kCreate) {
-            hints.push_back(out.create);
-          } else {
-            hints.push_back(std::nullopt);
-          }
-          resolved[i].outputs.push_back(nullptr);
+          existing.push_back(nullptr);
+          hints.push_back(out.kind == OutputSpec::Kind::kCreate
+                              ? std::optional<kernels::TensorMeta>(out.create)
+                              : std::nullopt);
         }
       }
       absl::StatusOr<kernels::Plan> plan =
@@ -350,107 +438,186 @@ absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<Launch
                                                             plan->outputs.size(), " output(s); ",
                                                             spec.outputs.size(), " given")));
       }
-      resolved[i].outputs.resize(plan->outputs.size(), nullptr);
-      for (size_t k = 0; k < plan->outputs.size(); ++k) {
-        if (resolved[i].outputs[k] == nullptr) {
-          new_bytes += static_cast<uint64_t>(*kernels::ByteSize(plan->outputs[k]));
-        }
+      existing.resize(plan->outputs.size(), nullptr);
+      for (Tensor* t : existing) {
+        resolved[i].outputs.push_back(t == nullptr ? nullptr : t->buffer);
+        resolved[i].output_infos.push_back(t == nullptr ? TensorInfo{} : t->info);
+        if (t != nullptr) pins.Write(*t);
       }
       plans.push_back(*std::move(plan));
     }
-    RETURN_IF_ERROR(CheckQuotaLocked(new_bytes, "for new outputs"));
-    // Everything is valid: create the outputs, take the tensors, record the job. Job ids
-    // are looked up only in this tenant's table, so a counter serves (tensor handles, which
-    // are shared with clients as capabilities, stay random).
-    std::string job_id = absl::StrCat("job_", ++job_counter_);
-    job = std::make_shared<Job>();
-    job->info.id = job_id;
-    job->info.stream = static_cast<int>(stream);
-    job->info.enqueue_time = absl::Now();
-    std::vector<std::string> created;
-    for (size_t i = 0; i < steps.size(); ++i) {
-      Step step;
-      for (size_t k = 0; k < resolved[i].inputs.size(); ++k) {
-        Tensor* t = resolved[i].inputs[k];
-        if (t == nullptr) {
-          const Operand& op = steps[i].inputs[k];
-          step.inputs.push_back(exec[op.step].outputs[op.output]);
-        } else {
-          step.inputs.push_back(t->buffer);
-          t->job_readers++;
-          job->reads.push_back(t->info.handle);
-        }
-      }
-      for (size_t k = 0; k < resolved[i].outputs.size(); ++k) {
-        Tensor* t = resolved[i].outputs[k];
-        if (t == nullptr) {
-          std::shared_ptr<DeviceBuffer> buffer;
-          absl::StatusOr<TensorInfo> info = AddTensorLocked(plans[i].outputs[k], &buffer);
-          if (!info.ok()) {  // the device itself is out of memory: undo what was taken
-            ReleaseLocked(*job);
-            for (const std::string& h : created) {
-              used_bytes_ -= tensors_.find(h)->second.info.size_bytes;
-              tensors_.erase(h);
-            }
-            return info.status();
-          }
-          created.push_back(info->handle);
-          t = &tensors_.find(info->handle)->second;
-        }
-        step.outputs.push_back(t->buffer);
-        t->job_writers++;
-        job->writes.push_back(t->info.handle);
-        job->info.outputs.push_back(t->info);
-      }
-      step.plan = std::move(plans[i]);
-      exec.push_back(std::move(step));
-    }
-    if (on_done != nullptr) job->waiters.push_back(std::move(on_done));
-    jobs_.emplace(job_id, job);
-    queued_++;
     context = context_;
   }
-  JobInfo accepted = job->info;
-  std::weak_ptr<TenantRuntime> weak = weak_from_this();
-  auto start = [weak, job]() -> bool {
-    std::shared_ptr<TenantRuntime> self = weak.lock();
-    if (self == nullptr) return false;
-    absl::MutexLock lock(&self->mu_);
-    if (job->info.state != JobState::kQueued) return false;  // cancelled
-    job->info.state = JobState::kRunning;
-    job->info.start_time = absl::Now();
-    self->queued_--;
-    self->running_++;
-    return true;
-  };
-  auto done = [weak, job](ExecResult result) {
-    std::shared_ptr<TenantRuntime> self = weak.lock();
-    if (self == nullptr) return;
-    std::vector<JobCallback> waiters;
-    JobInfo info;
-    {
-      absl::MutexLock lock(&self->mu_);
-      if (job->info.state == JobState::kRunning) {
-        self->running_--;
-        JobState state = result.status.ok()                 ? JobState::kSucceeded
-                         : absl::IsCancelled(result.status) ? JobState::kCancelled
-                                                            : JobState::kFailed;
-        waiters = self->FinishLocked(*job, state, result.status, result.failed_step);
-      } else if (job->info.state == JobState::kQueued) {  // the context closed first
-        self->queued_--;
-        waiters = self->FinishLocked(*job, JobState::kCancelled, result.status, -1);
+
+  // 2. Allocate the new outputs (charged to the quota, all of them at once so that the error
+  //    names the job's whole need) and build the backend's steps, with no lock held:
+  //    allocation may wait for the device.
+  uint64_t new_bytes = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    for (size_t k = 0; k < resolved[i].outputs.size(); ++k) {
+      if (resolved[i].outputs[k] == nullptr) {
+        new_bytes += static_cast<uint64_t>(*kernels::ByteSize(plans[i].outputs[k]));
       }
-      info = job->info;
     }
-    for (JobCallback& w : waiters) std::move(w)(info);
-  };
-  context->Enqueue(static_cast<int>(stream), std::move(exec), std::move(start), std::move(done));
+  }
+  ASSIGN_OR_RETURN(MemoryCharge outputs_charge,
+                   ledger_->Reserve(MemoryUse::kTensors, new_bytes, "for new outputs"));
+  std::vector<Step> exec;
+  std::vector<std::pair<kernels::TensorMeta, std::shared_ptr<DeviceBuffer>>> created;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Step step;
+    for (size_t k = 0; k < resolved[i].inputs.size(); ++k) {
+      if (resolved[i].inputs[k] != nullptr) {
+        step.inputs.push_back(resolved[i].inputs[k]);
+      } else {
+        const Operand& op = steps[i].inputs[k];
+        step.inputs.push_back(exec[op.step].outputs[op.output]);
+      }
+    }
+    for (size_t k = 0; k < resolved[i].outputs.size(); ++k) {
+      std::shared_ptr<DeviceBuffer> buffer = resolved[i].outputs[k];
+      if (buffer == nullptr) {
+        absl::StatusOr<std::shared_ptr<DeviceBuffer>> fresh =
+            AllocateCharged(plans[i].outputs[k], "for new outputs", &outputs_charge);
+        if (!fresh.ok()) return fresh.status();  // Pins and `created` give everything back
+        buffer = *fresh;
+        created.emplace_back(plans[i].outputs[k], buffer);
+      }
+      step.outputs.push_back(std::move(buffer));
+    }
+    step.plan = std::move(plans[i]);
+    exec.push_back(std::move(step));
+  }
+  const uint64_t scratch = context->ScratchBytes(exec);
+  RETURN_IF_ERROR(ledger_->CheckFitsBesideTensors(scratch, "of scratch the job needs to run"));
+
+  // 3. Commit: the new tensors and the job appear together, and the job joins its stream's
+  //    queue in acceptance order (the scheduler's mutex nests inside mu_).
+  auto job = std::make_shared<Job>();
+  JobInfo accepted;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckOpen());
+    if (queued_ >= quota_.max_queued_jobs) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tenant \"", tenant_id_, "\" has ", queued_, " jobs queued (", running_,
+                       " more running); quota.max_queued_jobs is ", quota_.max_queued_jobs,
+                       "; wait for some to finish"));
+    }
+    size_t next_created = 0;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      for (size_t k = 0; k < resolved[i].outputs.size(); ++k) {
+        if (resolved[i].outputs[k] != nullptr) {
+          job->info.outputs.push_back(resolved[i].output_infos[k]);
+          continue;
+        }
+        auto& [meta, buffer] = created[next_created++];
+        ASSIGN_OR_RETURN(TensorInfo info, InsertLocked(meta, buffer));
+        Tensor& t = tensors_.find(info.handle)->second;
+        pins.Write(t);
+        job->info.outputs.push_back(info);
+      }
+    }
+    // Job ids are looked up only in this tenant's table, so a counter serves (tensor
+    // handles, which are shared with clients as capabilities, stay random).
+    job->info.id = absl::StrCat("job_", ++job_counter_);
+    job->info.stream = static_cast<int>(stream);
+    job->info.enqueue_time = absl::Now();
+    job->info.deadline = deadline;
+    job->exec = std::move(exec);
+    pins.Commit(*job);
+    if (on_done != nullptr) job->waiters.push_back(std::move(on_done));
+    jobs_.emplace(job->info.id, job);
+    queued_++;
+    auto ticket = std::make_unique<JobTicket>();
+    ticket->stream = static_cast<int>(stream);
+    ticket->deadline = deadline;
+    ticket->scratch_bytes = scratch;
+    std::weak_ptr<TenantRuntime> weak = weak_from_this();
+    ticket->release = [weak, job](MemoryCharge scratch_charge) {
+      if (std::shared_ptr<TenantRuntime> self = weak.lock()) {
+        self->Run(job, std::move(scratch_charge));
+      }
+    };
+    ticket->drop = [weak, job](absl::Status why) {
+      if (std::shared_ptr<TenantRuntime> self = weak.lock()) self->Drop(job, std::move(why));
+    };
+    job->ticket = queue_->Enqueue(std::move(ticket));
+    accepted = job->info;
+  }
+  // 4. Release whatever may run now (possibly this job, possibly on this thread).
+  scheduler_->Dispatch();
   return accepted;
+}
+
+void TenantRuntime::Run(const std::shared_ptr<Job>& job, MemoryCharge scratch) {
+  std::shared_ptr<TenantContext> context;
+  std::vector<Step> exec;
+  {
+    absl::MutexLock lock(&mu_);
+    if (job->info.state == JobState::kQueued) {
+      job->info.state = JobState::kRunning;
+      job->info.start_time = absl::Now();
+      queued_--;
+      running_++;
+      context = context_;
+      exec = std::move(job->exec);
+    }
+  }
+  const int stream = job->info.stream;
+  if (context == nullptr) {  // closed (or finished) meanwhile: nothing runs
+    Done(job, ExecResult{absl::CancelledError("the tenant's context is closing"), -1});
+    queue_->Completed(stream, absl::ZeroDuration());
+    return;
+  }
+  std::weak_ptr<TenantRuntime> weak = weak_from_this();
+  std::shared_ptr<JobScheduler::Queue> queue = queue_;
+  context->Enqueue(
+      stream, std::move(exec),
+      [weak, job, queue, stream, scratch = std::move(scratch)](ExecResult result) mutable {
+        absl::Duration run_time = result.run_time;
+        if (std::shared_ptr<TenantRuntime> self = weak.lock()) {
+          self->Done(job, std::move(result));
+        }
+        scratch.Release();
+        queue->Completed(stream, run_time);
+      });
+}
+
+void TenantRuntime::Drop(const std::shared_ptr<Job>& job, absl::Status why) {
+  std::vector<JobCallback> waiters;
+  JobInfo info;
+  {
+    absl::MutexLock lock(&mu_);
+    if (job->info.state != JobState::kQueued) return;
+    queued_--;
+    if (absl::IsDeadlineExceeded(why)) expired_++;
+    waiters = FinishLocked(*job, JobState::kCancelled, std::move(why), -1);
+    info = job->info;
+  }
+  for (JobCallback& w : waiters) std::move(w)(info);
+}
+
+void TenantRuntime::Done(const std::shared_ptr<Job>& job, ExecResult result) {
+  std::vector<JobCallback> waiters;
+  JobInfo info;
+  {
+    absl::MutexLock lock(&mu_);
+    if (job->info.state != JobState::kRunning) return;
+    running_--;
+    JobState state = result.status.ok()                 ? JobState::kSucceeded
+                     : absl::IsCancelled(result.status) ? JobState::kCancelled
+                                                        : JobState::kFailed;
+    waiters = FinishLocked(*job, state, result.status, result.failed_step);
+    info = job->info;
+  }
+  for (JobCallback& w : waiters) std::move(w)(info);
 }
 
 void TenantRuntime::ReleaseLocked(Job& job) {
   if (job.released) return;
   job.released = true;
+  job.exec.clear();
   for (const std::string& h : job.reads) {
     if (auto it = tensors_.find(h); it != tensors_.end()) it->second.job_readers--;
   }
@@ -490,19 +657,28 @@ absl::StatusOr<JobInfo> TenantRuntime::GetJob(absl::string_view id) const {
 }
 
 absl::StatusOr<JobInfo> TenantRuntime::CancelJob(absl::string_view id) {
-  std::vector<JobCallback> waiters;
-  JobInfo info;
+  std::shared_ptr<Job> job;
+  uint64_t ticket = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) {
       return absl::NotFoundError(absl::StrCat("job \"", id.substr(0, 64), "\" not found"));
     }
-    std::shared_ptr<Job> job = it->second;
-    if (job->info.state == JobState::kQueued) {
+    job = it->second;
+    if (job->info.state != JobState::kQueued) return job->info;
+    ticket = job->ticket;
+  }
+  // Still queued: take it from the scheduler unless it is being released right now.
+  const bool removed = queue_->Cancel(ticket);
+  std::vector<JobCallback> waiters;
+  JobInfo info;
+  {
+    absl::MutexLock lock(&mu_);
+    if (removed && job->info.state == JobState::kQueued) {
       queued_--;
       waiters = FinishLocked(*job, JobState::kCancelled,
-                             absl::CancelledError("cancelled by CancelJob while queued"), -1);
+                             absl::CancelledError("cancelled while queued; it did not run"), -1);
     }
     info = job->info;
   }
@@ -594,17 +770,22 @@ absl::Status TenantRuntime::WhenIdle(std::optional<int64_t> stream,
 UsageInfo TenantRuntime::Usage() const {
   std::shared_ptr<TenantContext> context;
   UsageInfo u;
+  const MemoryLedger::Snapshot memory = ledger_->snapshot();
+  u.memory_used_bytes = memory.used;
+  u.memory_peak_bytes = memory.peak;
+  u.memory_quota_bytes = memory.quota;
+  u.memory_tensor_bytes = memory.tensors;
+  u.memory_scratch_bytes = memory.scratch;
+  u.memory_staging_bytes = memory.staging;
   {
     absl::MutexLock lock(&mu_);
-    u.memory_used_bytes = used_bytes_;
-    u.memory_peak_bytes = peak_bytes_;
-    u.memory_quota_bytes = quota_.device_memory_bytes;
     u.tensors = tensors_.size();
     u.jobs_queued = queued_;
     u.jobs_running = running_;
     u.jobs_succeeded = succeeded_;
     u.jobs_failed = failed_;
     u.jobs_cancelled = cancelled_;
+    u.jobs_expired = expired_;
     context = context_;
   }
   u.busy_time = context != nullptr ? context->busy_time() : absl::ZeroDuration();
@@ -612,13 +793,15 @@ UsageInfo TenantRuntime::Usage() const {
 }
 
 void TenantRuntime::Close(absl::string_view why) {
-  absl::MutexLock submit_lock(&submit_mu_);
   std::vector<std::pair<std::vector<JobCallback>, JobInfo>> to_notify;
+  std::vector<absl::AnyInvocable<void() &&>> hooks;
   std::shared_ptr<TenantContext> context;
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.empty()) return;
     closed_ = std::string(why);
+    // Nothing queued is released from now on; running jobs finish in the context.
+    queue_->Close();
     for (auto& [id, job] : jobs_) {
       if (job->info.state == JobState::kQueued) {
         queued_--;
@@ -628,16 +811,19 @@ void TenantRuntime::Close(absl::string_view why) {
         to_notify.emplace_back(std::move(waiters), job->info);
       }
     }
+    for (auto& [id, hook] : transfer_hooks_) hooks.push_back(std::move(hook));
+    transfer_hooks_.clear();
     context = std::move(context_);
   }
   for (auto& [waiters, info] : to_notify) {
     for (JobCallback& w : waiters) std::move(w)(info);
   }
+  for (auto& hook : hooks) std::move(hook)();
   // Destroying the context waits for running jobs (their completions still find us).
   context.reset();
+  std::map<std::string, Tensor, std::less<>> dropped;  // freed after the lock is released
   absl::MutexLock lock(&mu_);
-  tensors_.clear();
-  used_bytes_ = 0;
+  dropped.swap(tensors_);
 }
 
 }  // namespace tessera

@@ -18,6 +18,8 @@
 
 #include "kernels/registry.h"
 #include "server/backend/backend.h"
+#include "server/core/job_scheduler.h"
+#include "server/core/memory_ledger.h"
 #include "server/core/tenant.h"
 
 namespace tessera {
@@ -29,6 +31,10 @@ struct TensorInfo {
   absl::Time create_time;
 };
 
+/// A job's life: kQueued (in the core's stream queue: cancellable, may expire) -> kRunning
+/// (released to the backend) -> kSucceeded / kFailed; or kQueued -> kCancelled (CancelJob,
+/// TerminateTenantWork, a waiting client that went away, tenant closed, or its deadline
+/// passed: then `error` is DEADLINE_EXCEEDED).
 enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
 
 /// A consistent copy of a job.
@@ -41,6 +47,8 @@ struct JobInfo {
   absl::Status error;
   int failed_step = -1;
   absl::Time enqueue_time, start_time, end_time;
+  /// When a still-queued job expires; InfiniteFuture: never.
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 /// An input of a launch: a tensor handle, or output `output` of an earlier step.
@@ -69,9 +77,14 @@ struct LaunchSpec {
 
 struct UsageInfo {
   uint64_t memory_used_bytes = 0, memory_peak_bytes = 0, memory_quota_bytes = 0;
+  /// memory_used_bytes by use: tensors (with uncommitted WriteTensor copies), running jobs'
+  /// scratch, ReadTensor staging.
+  uint64_t memory_tensor_bytes = 0, memory_scratch_bytes = 0, memory_staging_bytes = 0;
   uint64_t tensors = 0;
   uint64_t jobs_queued = 0, jobs_running = 0, jobs_succeeded = 0, jobs_failed = 0,
            jobs_cancelled = 0;
+  /// Of jobs_cancelled: those whose deadline passed while queued.
+  uint64_t jobs_expired = 0;
   absl::Duration busy_time;
 };
 
@@ -88,12 +101,17 @@ inline constexpr size_t kFinishedJobsKept = 4096;
 /// shutdown) makes every later call fail and releases the context.
 class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
  public:
-  TenantRuntime(std::string tenant_id, Quota quota, std::unique_ptr<TenantContext> context);
+  /// `scheduler` releases the tenant's jobs on `device` (nullptr: a private scheduler with
+  /// one job in flight per stream, for tests).
+  TenantRuntime(std::string tenant_id, Quota quota, std::unique_ptr<TenantContext> context,
+                std::shared_ptr<JobScheduler> scheduler = nullptr, int device = 0);
   ~TenantRuntime();
 
   const std::string& tenant_id() const { return tenant_id_; }
   const Quota& quota() const { return quota_; }
   const ContextInfo& context_info() const { return context_info_; }
+  /// Every byte the tenant's work holds; outlives the runtime while any of it is held.
+  const std::shared_ptr<MemoryLedger>& ledger() const { return ledger_; }
 
   // ---- tensors ----
   /// A new tensor, zero-filled or holding `data` (which must be exactly its size).
@@ -108,9 +126,12 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   /// Frees the tensor; FAILED_PRECONDITION while a job or a transfer uses it.
   absl::StatusOr<uint64_t> DeleteTensor(absl::string_view handle) ABSL_LOCKS_EXCLUDED(mu_);
 
-  /// An upload in progress. Chunks may come in any order but may not overlap; Finish()
-  /// requires every byte written. Destroying an unfinished writer deletes a tensor it
-  /// created (an aborted upload leaves nothing behind).
+  /// An upload in progress. Bytes go to a staging copy of the tensor (charged to the quota
+  /// until it commits); Finish() commits it: a new tensor appears, or an existing one's
+  /// contents are replaced at once. A writer destroyed unfinished (error, refusal, client
+  /// gone) commits nothing: an existing tensor keeps its previous contents. Chunks may come in
+  /// any order but may not overlap; Finish() requires every byte written. Write() copies
+  /// synchronously: call it off gRPC's callback threads. Not thread-safe (one call at a time).
   class Writer {
    public:
     ~Writer();
@@ -121,17 +142,18 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
    private:
     friend class TenantRuntime;
     Writer(std::shared_ptr<TenantRuntime> runtime, TensorInfo info,
-           std::shared_ptr<DeviceBuffer> buffer, bool created);
+           std::shared_ptr<DeviceBuffer> staging, bool created);
     std::shared_ptr<TenantRuntime> runtime_;
     TensorInfo info_;
-    std::shared_ptr<DeviceBuffer> buffer_;
+    std::shared_ptr<DeviceBuffer> staging_;
     bool created_;
     bool finished_ = false;
     uint64_t written_ = 0;
     std::map<uint64_t, uint64_t> ranges_;  // start -> end of written ranges
   };
   /// Writes into an existing tensor (`handle`) or a new one (`create`). FAILED_PRECONDITION
-  /// while a job or another transfer uses the tensor.
+  /// while a job writes the tensor or another transfer uses it; RESOURCE_EXHAUSTED when the
+  /// staging copy does not fit the quota. Allocates: call it off gRPC's callback threads.
   absl::StatusOr<std::unique_ptr<Writer>> BeginWrite(
       const std::string& handle, const std::optional<kernels::TensorMeta>& create)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -141,6 +163,7 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
    public:
     ~Reader();
     const TensorInfo& info() const { return info_; }
+    /// Copies synchronously: call it off gRPC's callback threads.
     absl::Status Read(uint64_t offset, uint64_t bytes, void* dst);
 
    private:
@@ -155,17 +178,31 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   absl::StatusOr<std::unique_ptr<Reader>> BeginRead(absl::string_view handle)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  /// Host memory for transfer chunks, charged to the memory quota while held.
+  absl::StatusOr<MemoryCharge> ReserveStaging(uint64_t bytes) {
+    return ledger_->Reserve(MemoryUse::kStaging, bytes, "of transfer staging");
+  }
+
+  /// `cancel` is called (once, from Close, with no lock held) when the tenant closes while
+  /// the transfer is in progress; returns an id for RemoveTransferHook.
+  uint64_t AddTransferHook(absl::AnyInvocable<void() &&> cancel) ABSL_LOCKS_EXCLUDED(mu_);
+  void RemoveTransferHook(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+
   // ---- jobs ----
   using JobCallback = absl::AnyInvocable<void(const JobInfo&) &&>;
 
-  /// Validates and enqueues `steps` as one job on `stream`. `program` prefixes errors with
-  /// the failing step ("steps[2] (matmul): ..."). `on_done`, when given, is attached before
-  /// the job is enqueued and called once it finishes, on any thread (possibly before Submit
-  /// returns); on error it is destroyed unrun. Errors: INVALID_ARGUMENT, NOT_FOUND (a
-  /// handle), RESOURCE_EXHAUSTED (queue depth, memory quota), FAILED_PRECONDITION.
+  /// Validates and enqueues `steps` as one job on `stream`: resolve (every step checked,
+  /// the tensors it uses pinned), allocate new outputs, commit (rolled back on any failure),
+  /// enqueue. `program` prefixes errors with the failing step ("steps[2] (matmul): ...").
+  /// `on_done`, when given, is attached before the job is enqueued and called once it
+  /// finishes, on any thread (possibly before Submit returns); on error it is destroyed unrun.
+  /// A job still queued at `deadline` ends kCancelled with DEADLINE_EXCEEDED. Errors:
+  /// INVALID_ARGUMENT, NOT_FOUND (a handle), RESOURCE_EXHAUSTED (queue depth, memory quota),
+  /// FAILED_PRECONDITION. Allocates: call it off gRPC's callback threads for large outputs.
   absl::StatusOr<JobInfo> Submit(int64_t stream, std::vector<LaunchSpec> steps, bool program,
-                                 JobCallback on_done = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_, submit_mu_);
+                                 JobCallback on_done = nullptr,
+                                 absl::Time deadline = absl::InfiniteFuture())
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<JobInfo> GetJob(absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);
   /// Cancels a queued job (it will not run); a running or finished job is returned as is.
   absl::StatusOr<JobInfo> CancelJob(absl::string_view id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -181,9 +218,11 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
 
   UsageInfo Usage() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  /// Refuses new work (FAILED_PRECONDITION naming `why`), cancels queued jobs, waits for
-  /// running ones, frees every tensor and releases the context. Idempotent.
-  void Close(absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_, submit_mu_);
+  /// Refuses new work (FAILED_PRECONDITION naming `why`), cancels queued jobs and transfers,
+  /// waits for running jobs, drops every tensor and releases the context. Memory still
+  /// referenced by a transfer that has not noticed yet stays charged to ledger() until it is
+  /// freed. Idempotent.
+  void Close(absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Tensor {
@@ -198,46 +237,63 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
     std::vector<std::string> reads, writes;  // handles whose counts this job holds
     bool released = false;
     std::vector<JobCallback> waiters;
+    uint64_t ticket = 0;     // the scheduler's id while queued
+    std::vector<Step> exec;  // handed to the backend at release
   };
+  class Pins;  // Submit's RAII rollback
 
   absl::Status CheckOpen() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  /// RESOURCE_EXHAUSTED (used, `bytes` `what`, quota) unless `bytes` more fit the quota.
-  absl::Status CheckQuotaLocked(uint64_t bytes, absl::string_view what) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Tensor*> FindLocked(absl::string_view handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// FindLocked, but DATA_LOSS for a tensor whose memory a context fault destroyed.
   absl::StatusOr<Tensor*> FindLiveLocked(absl::string_view handle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<TensorInfo> AddTensorLocked(const kernels::TensorMeta& meta,
-                                             std::shared_ptr<DeviceBuffer>* buffer)
+  /// A charged, zero-filled buffer for `meta` (quota first, then the device). With `from`,
+  /// the charge is split from it instead of reserved anew.
+  absl::StatusOr<std::shared_ptr<DeviceBuffer>> AllocateCharged(const kernels::TensorMeta& meta,
+                                                                absl::string_view what,
+                                                                MemoryCharge* from = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  /// Records a new tensor; returns its info.
+  absl::StatusOr<TensorInfo> InsertLocked(const kernels::TensorMeta& meta,
+                                          std::shared_ptr<DeviceBuffer> buffer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Marks `job` finished; returns its waiters to call outside the lock.
   std::vector<JobCallback> FinishLocked(Job& job, JobState state, absl::Status error,
                                         int failed_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndTransfer(const std::string& handle, bool delete_tensor) ABSL_LOCKS_EXCLUDED(mu_);
+  /// The scheduler released `job`: hand it to the context.
+  void Run(const std::shared_ptr<Job>& job, MemoryCharge scratch) ABSL_LOCKS_EXCLUDED(mu_);
+  /// The scheduler dropped queued `job` (deadline, memory).
+  void Drop(const std::shared_ptr<Job>& job, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
+  /// The backend finished `job`.
+  void Done(const std::shared_ptr<Job>& job, ExecResult result) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndTransfer(const std::string& handle) ABSL_LOCKS_EXCLUDED(mu_);
   std::shared_ptr<TenantContext> ContextOrNull() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string tenant_id_;
   const Quota quota_;
   const ContextInfo context_info_;
+  const std::shared_ptr<MemoryLedger> ledger_;
+  const std::shared_ptr<JobScheduler> scheduler_;
+  const std::shared_ptr<JobScheduler::Queue> queue_;
 
-  // Serializes Submit from validation to enqueue, so streams run jobs in acceptance order.
-  absl::Mutex submit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Lock order: mu_ may be held while calling queue_ (its scheduler mutex) and ledger_ (a
+  // leaf); never while calling the context, the scheduler's Dispatch/Completed, or a callback.
   mutable absl::Mutex mu_;
   std::shared_ptr<TenantContext> context_ ABSL_GUARDED_BY(mu_);
   std::string closed_ ABSL_GUARDED_BY(mu_);  // why, once closed
   std::map<std::string, Tensor, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Job>, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> finished_order_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, absl::AnyInvocable<void() &&>> transfer_hooks_ ABSL_GUARDED_BY(mu_);
+  uint64_t hook_counter_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t job_counter_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t peak_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t running_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t succeeded_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t expired_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 absl::string_view JobStateName(JobState state);

@@ -27,6 +27,11 @@ absl::StatusOr<std::unique_ptr<TenantTable>> TenantTable::Create(Options options
         absl::StrCat("memory_overcommit is ", options.memory_overcommit, "; it must be > 0"));
   }
   std::unique_ptr<TenantTable> table(new TenantTable(options, store, backend));
+  JobScheduler::Options scheduling{.stream_in_flight = std::max(1, backend->stream_in_flight())};
+  for (const DeviceInfo& device : backend->devices()) {
+    scheduling.device_in_flight.push_back(static_cast<int>(device.max_in_flight));
+  }
+  table->scheduler_ = JobScheduler::Create(std::move(scheduling));
   RETURN_IF_ERROR(table->Restore());
   return table;
 }
@@ -75,7 +80,8 @@ absl::Status TenantTable::Restore() {
                                        record.id, "\": ", context.status().message()));
     }
     auto entry = std::make_unique<Entry>();
-    entry->runtime = std::make_shared<TenantRuntime>(record.id, record.quota, *std::move(context));
+    entry->runtime = std::make_shared<TenantRuntime>(record.id, record.quota, *std::move(context),
+                                                     scheduler_, record.device_index);
     entry->record = std::move(record);
     absl::MutexLock lock(&mu_);
     std::string id = entry->record.id;
@@ -125,7 +131,8 @@ absl::StatusOr<TenantTable::Registered> TenantTable::Register(TenantSpec spec) {
   // destroyed with `entry` and nothing was recorded.
   ASSIGN_OR_RETURN(std::unique_ptr<TenantContext> context,
                    backend_->CreateContext(ContextRequest{spec.id, spec.quota, device}));
-  entry->runtime = std::make_shared<TenantRuntime>(spec.id, spec.quota, std::move(context));
+  entry->runtime =
+      std::make_shared<TenantRuntime>(spec.id, spec.quota, std::move(context), scheduler_, device);
   RETURN_IF_ERROR(store_->Insert(entry->record));
 
   Registered result{ViewOf(*entry), std::move(api_key)};
@@ -212,9 +219,14 @@ absl::StatusOr<TenantTable::Deregistered> TenantTable::Deregister(absl::string_v
     auto it = tenants_.find(id);
     entry = std::move(it->second);
     tenants_.erase(it);
+    // The reservation stays until the tenant's memory is really free (a stalled transfer
+    // may hold a buffer a little longer than Close): admission never promises it twice.
+    draining_.push_back(Draining{entry->record.device_index,
+                                 entry->record.quota.device_memory_bytes,
+                                 entry->runtime->ledger()});
   }
   Deregistered result{ViewOf(*entry), entry->record.quota.device_memory_bytes};
-  entry->runtime->Close("is deregistered");  // drains its streams, frees its memory
+  entry->runtime->Close("is deregistered");  // cancels its work, frees its memory
   entry.reset();
   return result;
 }
@@ -261,6 +273,12 @@ std::vector<DeviceLoad> TenantTable::DeviceLoadsLocked() const {
     loads[index].reserved_bytes += entry->record.quota.device_memory_bytes;
     loads[index].contexts += 1;
   }
+  std::erase_if(draining_, [](const Draining& d) { return d.ledger->used() == 0; });
+  for (const Draining& d : draining_) {
+    if (d.device >= 0 && static_cast<size_t>(d.device) < loads.size()) {
+      loads[d.device].reserved_bytes += d.bytes;
+    }
+  }
   return loads;
 }
 
@@ -290,6 +308,7 @@ void TenantTable::ReleaseContexts() {
   }
   for (auto& [id, entry] : released)
     entry->runtime->Close("is unavailable: the server is shutting down");
+  if (scheduler_ != nullptr) scheduler_->Stop();
 }
 
 }  // namespace tessera

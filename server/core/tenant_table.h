@@ -16,6 +16,8 @@
 
 #include "server/backend/backend.h"
 #include "server/core/admission.h"
+#include "server/core/job_scheduler.h"
+#include "server/core/memory_ledger.h"
 #include "server/core/tenant.h"
 #include "server/core/tenant_runtime.h"
 #include "server/store/tenant_store.h"
@@ -144,6 +146,15 @@ class TenantTable {
   // Guards the in-memory table; held only for map operations and copies.
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Entry>, std::less<>> tenants_ ABSL_GUARDED_BY(mu_);
+  // Deregistered tenants whose memory is not free yet: their reservations still count.
+  struct Draining {
+    int device = 0;
+    uint64_t bytes = 0;
+    std::shared_ptr<MemoryLedger> ledger;
+  };
+  mutable std::vector<Draining> draining_ ABSL_GUARDED_BY(mu_);
+  // Releases every tenant's jobs; shared with the runtimes (set once in Create).
+  std::shared_ptr<JobScheduler> scheduler_;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -160,6 +160,7 @@ void JobToProto(const JobInfo& job, v1::Job* proto) {
   TimeToProto(job.enqueue_time, proto->mutable_enqueue_time());
   if (job.start_time != absl::Time()) TimeToProto(job.start_time, proto->mutable_start_time());
   if (job.end_time != absl::Time()) TimeToProto(job.end_time, proto->mutable_end_time());
+  if (job.deadline != absl::InfiniteFuture()) TimeToProto(job.deadline, proto->mutable_deadline());
 }
 
 void UsageToProto(const UsageInfo& u, v1::Usage* proto) {
@@ -172,6 +173,10 @@ void UsageToProto(const UsageInfo& u, v1::Usage* proto) {
   proto->set_jobs_succeeded(u.jobs_succeeded);
   proto->set_jobs_failed(u.jobs_failed);
   proto->set_jobs_cancelled(u.jobs_cancelled);
+  proto->set_jobs_expired(u.jobs_expired);
+  proto->set_memory_tensor_bytes(u.memory_tensor_bytes);
+  proto->set_memory_scratch_bytes(u.memory_scratch_bytes);
+  proto->set_memory_staging_bytes(u.memory_staging_bytes);
   int64_t ns = absl::ToInt64Nanoseconds(u.busy_time);
   proto->mutable_busy_time()->set_seconds(ns / 1000000000);
   proto->mutable_busy_time()->set_nanos(static_cast<int32_t>(ns % 1000000000));

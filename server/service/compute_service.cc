@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/alarm.h"
 
+#include "server/common/serial_executor.h"
 #include "server/common/status_macros.h"
 #include "server/service/call.h"
 #include "server/service/compute_convert.h"
@@ -49,7 +51,26 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
     });
   }
 
+  /// Runs `action` when the client goes away (at once if it already has).
+  void SetCancelAction(absl::AnyInvocable<void() &&> action) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!cancelled_) {
+        cancel_action_ = std::move(action);
+        return;
+      }
+    }
+    std::move(action)();
+  }
+
   void OnCancel() override {
+    absl::AnyInvocable<void() &&> action;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      action = std::move(cancel_action_);
+    }
+    if (action != nullptr) std::move(action)();
     CompleteIfUnclaimed(
         absl::CancelledError("the client cancelled the call or its deadline passed"));
   }
@@ -62,6 +83,9 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
   ~WaitReactor() override = default;
   std::atomic<int> refs_{1};
   std::atomic<bool> claimed_{false};
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::AnyInvocable<void() &&> cancel_action_ ABSL_GUARDED_BY(mu_);
   CallLog log_;
   std::unique_ptr<grpc::Alarm> alarm_;
 };
@@ -96,40 +120,79 @@ TenantRuntime::JobCallback AnswerWithJob(WaitReactor* reactor, v1::Job* response
   };
 }
 
-// Uploads: a header, then chunks; answered once the client half-closes.
+// Lets a closing tenant cancel a transfer's call: the runtime keeps a hook that calls
+// TryCancel while the reactor lives, and nothing once it is done.
+class TransferCanceller {
+ public:
+  TransferCanceller(grpc::CallbackServerContext* context, std::shared_ptr<TenantRuntime> runtime)
+      : state_(std::make_shared<State>()), runtime_(std::move(runtime)) {
+    state_->context = context;
+    hook_ = runtime_->AddTransferHook([state = state_]() {
+      absl::MutexLock lock(&state->mu);
+      if (state->context != nullptr) state->context->TryCancel();
+    });
+  }
+  ~TransferCanceller() {
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->context = nullptr;
+    }
+    runtime_->RemoveTransferHook(hook_);
+  }
+
+ private:
+  struct State {
+    absl::Mutex mu;
+    grpc::CallbackServerContext* context ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  std::shared_ptr<State> state_;
+  std::shared_ptr<TenantRuntime> runtime_;
+  uint64_t hook_ = 0;
+};
+
+// Uploads: a header, then chunks; answered once the client half-closes. Reactions only
+// hand work to the transfer executor: chunks are copied (into a staging copy that commits
+// only when every byte arrived and the client is still there) off gRPC's threads, one read
+// in flight.
 class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorRequest> {
  public:
   WriteTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
-                     v1::TensorInfo* response)
-      : log_(context, "WriteTensor"), response_(response) {
+                     SerialExecutor* transfers, v1::TensorInfo* response)
+      : context_(context),
+        log_(context, "WriteTensor"),
+        transfers_(transfers),
+        response_(response) {
     absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime = auth->AuthenticateTenant(*context);
     if (!runtime.ok()) {
       Fail(runtime.status());
       return;
     }
     runtime_ = *std::move(runtime);
+    canceller_.emplace(context, runtime_);
     log_.set_tenant(runtime_->tenant_id());
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the client finished sending
-      if (writer_ == nullptr) return Fail(absl::InvalidArgumentError("no header was sent"));
-      absl::StatusOr<TensorInfo> info = writer_->Finish();
-      if (!info.ok()) return Fail(info.status());
-      TensorInfoToProto(*info, response_);
-      Finish(log_.Finish(absl::OkStatus()));
-      return;
-    }
-    absl::Status status = Consume();
+    Post(ok ? &WriteTensorReactor::Consume : &WriteTensorReactor::Complete);
+  }
+  void OnCancel() override { cancelled_.store(true); }
+  void OnDone() override { delete this; }  // an unfinished writer commits nothing
+
+ private:
+  using Step = void (WriteTensorReactor::*)();
+  void Post(Step step) {
+    absl::Status queued = transfers_->Schedule([this, step] { (this->*step)(); });
+    if (!queued.ok()) Fail(queued);
+  }
+
+  void Consume() {
+    absl::Status status = ConsumeMessage();
     if (!status.ok()) return Fail(status);
     StartRead(&request_);
   }
 
-  void OnDone() override { delete this; }  // an unfinished writer aborts the upload
-
- private:
-  absl::Status Consume() {
+  absl::Status ConsumeMessage() {
     if (writer_ == nullptr) {
       if (!request_.has_header()) {
         return absl::InvalidArgumentError("the first message must be a header");
@@ -150,7 +213,28 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
     if (request_.chunk().data().empty()) {
       return absl::InvalidArgumentError("chunk.data is empty; every chunk carries bytes");
     }
-    return writer_->Write(request_.chunk().offset(), request_.chunk().data());
+    absl::Status written = writer_->Write(request_.chunk().offset(), request_.chunk().data());
+    request_.Clear();  // the chunk's bytes are in the staging copy now
+    return written;
+  }
+
+  // The client stopped sending: half-closed (commit) or gone (commit nothing).
+  void Complete() {
+    if (cancelled_.load() || context_->IsCancelled()) {
+      return Fail(absl::CancelledError("the client cancelled the upload; nothing was written"));
+    }
+    if (writer_ == nullptr) return Fail(absl::InvalidArgumentError("no header was sent"));
+    const bool created = writer_->info().handle.empty();
+    absl::StatusOr<TensorInfo> info = writer_->Finish();
+    if (!info.ok()) return Fail(info.status());
+    if (cancelled_.load() && created) {
+      // Gone while committing: the new tensor's handle would reach nobody.
+      (void)runtime_->DeleteTensor(info->handle);
+      return Fail(absl::CancelledError("the client cancelled the upload; nothing was written"));
+    }
+    TensorInfoToProto(*info, response_);
+    writer_.reset();
+    Finish(log_.Finish(absl::OkStatus()));
   }
 
   // The writer is released before the answer goes out, so a client's next call never finds
@@ -160,25 +244,31 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
     Finish(log_.Finish(status));
   }
 
+  grpc::CallbackServerContext* const context_;
   CallLog log_;
+  SerialExecutor* const transfers_;
   v1::TensorInfo* const response_;
   v1::WriteTensorRequest request_;
   std::shared_ptr<TenantRuntime> runtime_;
+  std::optional<TransferCanceller> canceller_;
   std::unique_ptr<TenantRuntime::Writer> writer_;
+  std::atomic<bool> cancelled_{false};
 };
 
-// Downloads: chunks of at most chunk_bytes, one write in flight.
+// Downloads: chunks of at most chunk_bytes, one write in flight, each filled by the transfer
+// executor. The one chunk held is charged to the tenant's memory quota (transfer staging).
 class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorResponse> {
  public:
   ReadTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
-                    const v1::ReadTensorRequest& request, int64_t max_message_bytes)
-      : log_(context, "ReadTensor") {
-    absl::Status status = Start(auth, *context, request, max_message_bytes);
+                    SerialExecutor* transfers, const v1::ReadTensorRequest& request,
+                    int64_t max_message_bytes)
+      : log_(context, "ReadTensor"), transfers_(transfers) {
+    absl::Status status = Start(auth, context, request, max_message_bytes);
     if (!status.ok()) {
       Done(status);
       return;
     }
-    WriteNext();
+    Post();
   }
 
   void OnWriteDone(bool ok) override {
@@ -187,17 +277,17 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
     } else if (position_ >= end_) {
       Done(absl::OkStatus());
     } else {
-      WriteNext();
+      Post();
     }
   }
 
   void OnDone() override { delete this; }
 
  private:
-  absl::Status Start(const Authenticator* auth, const grpc::CallbackServerContext& context,
+  absl::Status Start(const Authenticator* auth, grpc::CallbackServerContext* context,
                      const v1::ReadTensorRequest& request, int64_t max_message_bytes) {
-    ASSIGN_OR_RETURN(std::shared_ptr<TenantRuntime> runtime, auth->AuthenticateTenant(context));
-    log_.set_tenant(runtime->tenant_id());
+    ASSIGN_OR_RETURN(runtime_, auth->AuthenticateTenant(*context));
+    log_.set_tenant(runtime_->tenant_id());
     int64_t max_chunk = max_message_bytes / 2;
     chunk_bytes_ = request.chunk_bytes() == 0 ? std::min(kDefaultChunkBytes, max_chunk)
                                               : static_cast<int64_t>(request.chunk_bytes());
@@ -206,7 +296,7 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
                                                      "; the range is ", kMinChunkBytes, "..",
                                                      max_chunk, " (--max_message_bytes / 2)"));
     }
-    ASSIGN_OR_RETURN(reader_, runtime->BeginRead(request.handle()));
+    ASSIGN_OR_RETURN(reader_, runtime_->BeginRead(request.handle()));
     uint64_t size = reader_->info().size_bytes;
     if (request.offset() > size || request.length() > size - request.offset()) {
       return absl::InvalidArgumentError(absl::StrCat("range offset ", request.offset(), " length ",
@@ -215,7 +305,22 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
     }
     position_ = request.offset();
     end_ = request.length() == 0 ? size : request.offset() + request.length();
+    // Never more than the range, and smaller chunks when the quota has little room left.
+    chunk_bytes_ = std::min<int64_t>(chunk_bytes_, std::max<uint64_t>(end_ - position_, 1));
+    absl::StatusOr<MemoryCharge> charge = runtime_->ReserveStaging(chunk_bytes_);
+    while (!charge.ok() && chunk_bytes_ > kMinChunkBytes) {
+      chunk_bytes_ = std::max(kMinChunkBytes, chunk_bytes_ / 4);
+      charge = runtime_->ReserveStaging(chunk_bytes_);
+    }
+    if (!charge.ok()) return charge.status();
+    staging_ = *std::move(charge);
+    canceller_.emplace(context, runtime_);
     return absl::OkStatus();
+  }
+
+  void Post() {
+    absl::Status queued = transfers_->Schedule([this] { WriteNext(); });
+    if (!queued.ok()) Done(queued);
   }
 
   void WriteNext() {
@@ -245,7 +350,11 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
   }
 
   CallLog log_;
+  SerialExecutor* const transfers_;
+  std::shared_ptr<TenantRuntime> runtime_;
   std::unique_ptr<TenantRuntime::Reader> reader_;
+  std::optional<TransferCanceller> canceller_;
+  MemoryCharge staging_;
   v1::ReadTensorResponse response_;
   int64_t chunk_bytes_ = 0;
   uint64_t position_ = 0, end_ = 0;
@@ -301,22 +410,38 @@ grpc::ServerUnaryReactor* ComputeService::Serve(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* ComputeService::CreateTensor(grpc::CallbackServerContext* context,
                                                        const v1::CreateTensorRequest* request,
                                                        v1::TensorInfo* response) {
-  return Serve(context, "CreateTensor", [&](TenantRuntime& runtime) -> absl::Status {
-    ASSIGN_OR_RETURN(kernels::TensorMeta meta, MetaFromProto(request->spec(), "spec"));
-    ASSIGN_OR_RETURN(TensorInfo info, runtime.CreateTensor(meta, request->data()));
-    TensorInfoToProto(info, response);
-    return absl::OkStatus();
-  });
+  // Inline data is copied on the transfer executor, never on a gRPC thread.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto log = std::make_shared<CallLog>(context, "CreateTensor");
+  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime =
+      authenticator_->AuthenticateTenant(*context);
+  if (!runtime.ok()) {
+    reactor->Finish(log->Finish(runtime.status()));
+    return reactor;
+  }
+  log->set_tenant((*runtime)->tenant_id());
+  absl::Status queued =
+      transfers_.Schedule([reactor, log, request, response, runtime = *std::move(runtime)]() {
+        absl::Status status = [&]() -> absl::Status {
+          ASSIGN_OR_RETURN(kernels::TensorMeta meta, MetaFromProto(request->spec(), "spec"));
+          ASSIGN_OR_RETURN(TensorInfo info, runtime->CreateTensor(meta, request->data()));
+          TensorInfoToProto(info, response);
+          return absl::OkStatus();
+        }();
+        reactor->Finish(log->Finish(status));
+      });
+  if (!queued.ok()) reactor->Finish(log->Finish(queued));
+  return reactor;
 }
 
 grpc::ServerReadReactor<v1::WriteTensorRequest>* ComputeService::WriteTensor(
     grpc::CallbackServerContext* context, v1::TensorInfo* response) {
-  return new WriteTensorReactor(context, authenticator_, response);
+  return new WriteTensorReactor(context, authenticator_, &transfers_, response);
 }
 
 grpc::ServerWriteReactor<v1::ReadTensorResponse>* ComputeService::ReadTensor(
     grpc::CallbackServerContext* context, const v1::ReadTensorRequest* request) {
-  return new ReadTensorReactor(context, authenticator_, *request, max_message_bytes_);
+  return new ReadTensorReactor(context, authenticator_, &transfers_, *request, max_message_bytes_);
 }
 
 grpc::ServerUnaryReactor* ComputeService::GetTensor(grpc::CallbackServerContext* context,
@@ -360,17 +485,33 @@ grpc::ServerUnaryReactor* ComputeService::DeleteTensor(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* context,
                                                   const char* rpc, int64_t stream,
                                                   std::vector<LaunchSpec> steps, bool program,
-                                                  bool wait, v1::Job* response,
-                                                  absl::Status parse_error) {
+                                                  bool wait,
+                                                  const google::protobuf::Duration* timeout,
+                                                  v1::Job* response, absl::Status parse_error) {
   auto* reactor = new WaitReactor(context, rpc);
   std::shared_ptr<TenantRuntime> runtime = Authenticate(*authenticator_, reactor, context);
   if (runtime == nullptr) return reactor;
+  if (parse_error.ok() && timeout != nullptr && (timeout->seconds() < 0 || timeout->nanos() < 0)) {
+    parse_error = absl::InvalidArgumentError(absl::StrCat(
+        "queue_timeout is ", timeout->seconds(), "s ", timeout->nanos(), "ns; it must be >= 0"));
+  }
   if (!parse_error.ok()) {
     reactor->CompleteIfUnclaimed(parse_error);
     return reactor;
   }
+  // The job's deadline: the explicit queue timeout, and for a waiting call its own deadline.
+  absl::Time deadline = absl::InfiniteFuture();
+  if (timeout != nullptr) {
+    deadline =
+        absl::Now() + absl::Seconds(timeout->seconds()) + absl::Nanoseconds(timeout->nanos());
+  }
+  if (wait) {
+    absl::Time call_deadline = absl::FromChrono(context->deadline());
+    if (call_deadline < deadline) deadline = call_deadline;
+  }
   if (!wait) {
-    absl::StatusOr<JobInfo> job = runtime->Submit(stream, std::move(steps), program);
+    absl::StatusOr<JobInfo> job =
+        runtime->Submit(stream, std::move(steps), program, nullptr, deadline);
     if (job.ok()) {
       AnswerNow(reactor, response, *job);
     } else {
@@ -380,12 +521,18 @@ grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* c
   }
   // The answer is attached before the job is enqueued, so a worker that finishes it at once
   // answers directly, without waiting for this thread to register afterwards.
-  absl::StatusOr<JobInfo> job =
-      runtime->Submit(stream, std::move(steps), program, AnswerWithJob(reactor, response));
+  absl::StatusOr<JobInfo> job = runtime->Submit(stream, std::move(steps), program,
+                                                AnswerWithJob(reactor, response), deadline);
   if (!job.ok()) {  // the callback was destroyed unrun: drop its reference here
     reactor->CompleteIfUnclaimed(job.status());
     reactor->Release();
+    return reactor;
   }
+  // A client that goes away takes its job with it if the job has not started; a passed
+  // deadline is left to the scheduler, which ends the job DEADLINE_EXCEEDED.
+  reactor->SetCancelAction([runtime, id = job->id, deadline] {
+    if (absl::Now() < deadline) (void)runtime->CancelJob(id);
+  });
   return reactor;
 }
 
@@ -396,8 +543,9 @@ grpc::ServerUnaryReactor* ComputeService::Launch(grpc::CallbackServerContext* co
                                                   request->outputs(), request->attrs(), "");
   std::vector<LaunchSpec> steps;
   if (step.ok()) steps.push_back(*std::move(step));
-  return Enqueue(context, "Launch", request->stream(), std::move(steps), /*program=*/false,
-                 request->wait(), response, step.status());
+  return Enqueue(
+      context, "Launch", request->stream(), std::move(steps), /*program=*/false, request->wait(),
+      request->has_queue_timeout() ? &request->queue_timeout() : nullptr, response, step.status());
 }
 
 grpc::ServerUnaryReactor* ComputeService::Submit(grpc::CallbackServerContext* context,
@@ -415,8 +563,9 @@ grpc::ServerUnaryReactor* ComputeService::Submit(grpc::CallbackServerContext* co
       parsed = step.status();
     }
   }
-  return Enqueue(context, "Submit", request->stream(), std::move(steps), /*program=*/true,
-                 request->wait(), response, parsed);
+  return Enqueue(
+      context, "Submit", request->stream(), std::move(steps), /*program=*/true, request->wait(),
+      request->has_queue_timeout() ? &request->queue_timeout() : nullptr, response, parsed);
 }
 
 grpc::ServerUnaryReactor* ComputeService::WaitJob(grpc::CallbackServerContext* context,

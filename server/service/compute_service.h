@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "server/common/serial_executor.h"
 #include "server/service/auth.h"
 #include "tessera/v1/compute.grpc.pb.h"
 
@@ -17,7 +18,9 @@ namespace tessera {
 class ComputeService final : public v1::Compute::CallbackService {
  public:
   ComputeService(const Authenticator* authenticator, int64_t max_message_bytes)
-      : authenticator_(authenticator), max_message_bytes_(max_message_bytes) {}
+      : authenticator_(authenticator),
+        max_message_bytes_(max_message_bytes),
+        transfers_("tensor transfers", kMaxPendingTransfers, kTransferThreads) {}
 
   grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* context,
                                          const v1::CreateTensorRequest* request,
@@ -61,11 +64,17 @@ class ComputeService final : public v1::Compute::CallbackService {
   /// Enqueues a job and answers at once, or when it finishes if `wait`.
   grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* context, const char* rpc,
                                     int64_t stream, std::vector<LaunchSpec> steps, bool program,
-                                    bool wait, v1::Job* response,
-                                    absl::Status parse_error = absl::OkStatus());
+                                    bool wait, const google::protobuf::Duration* queue_timeout,
+                                    v1::Job* response, absl::Status parse_error);
+
+  /// Threads that copy tensor bytes (CreateTensor data, WriteTensor and ReadTensor chunks)
+  /// so that no gRPC reaction copies; each transfer has at most one step queued.
+  static constexpr int kTransferThreads = 4;
+  static constexpr size_t kMaxPendingTransfers = 4096;
 
   const Authenticator* const authenticator_;
   const int64_t max_message_bytes_;
+  SerialExecutor transfers_;
 };
 
 }  // namespace tessera

@@ -50,7 +50,7 @@ double RunJob(TenantContext& context, std::vector<Step> steps) {
   absl::Status status;
   auto start = Clock::now();
   context.Enqueue(
-      0, std::move(steps), [] { return true; },
+      0, std::move(steps),
       [&](ExecResult r) {
         status = r.status;
         done.Notify();

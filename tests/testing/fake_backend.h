@@ -78,9 +78,9 @@ class FakeBackend final : public Backend {
                   bytes);
       return absl::OkStatus();
     }
-    void Enqueue(int, std::vector<Step> steps, absl::AnyInvocable<bool()> start,
+    uint64_t ScratchBytes(const std::vector<Step>&) const override { return 0; }
+    void Enqueue(int, std::vector<Step> steps,
                  absl::AnyInvocable<void(ExecResult) &&> done) override {
-      if (!start()) return std::move(done)(ExecResult{absl::CancelledError("cancelled"), -1});
       kernels::SerialParallel serial;
       for (size_t i = 0; i < steps.size(); ++i) {
         std::vector<const void*> in;

@@ -1,5 +1,6 @@
 #include "server/backend/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/dtype.h"
 
 namespace tessera {
 namespace {
@@ -119,27 +121,50 @@ class CpuContext final : public TenantContext {
     return absl::OkStatus();
   }
 
-  void Enqueue(int stream, std::vector<Step> steps, absl::AnyInvocable<bool()> start,
+  // Steps run one after another and free their temporaries as they end: the largest step's
+  // need is the job's. In-place outputs go through a temporary; f16/bf16 matmul widens its
+  // operands and output to f32 (element-wise kernels widen bounded blocks on the stack).
+  uint64_t ScratchBytes(const std::vector<Step>& steps) const override {
+    uint64_t most = 0;
+    for (const Step& step : steps) {
+      uint64_t need = 0;
+      for (const auto& out : step.outputs) {
+        for (const auto& in : step.inputs) {
+          if (in.get() == out.get()) {
+            need += out->size();
+            break;
+          }
+        }
+      }
+      if (step.plan.kernel->name == "matmul" &&
+          kernels::DTypeSize(step.plan.outputs[0].dtype) == 2) {
+        for (const auto& in : step.inputs) need += 2 * in->size();
+        for (const auto& out : step.outputs) need += 2 * out->size();
+      }
+      most = std::max(most, need);
+    }
+    return most;
+  }
+
+  void Enqueue(int stream, std::vector<Step> steps,
                absl::AnyInvocable<void(ExecResult) &&> done) override {
-    queue_->Submit(stream, [steps = std::move(steps), start = std::move(start),
-                            done = std::move(done)](kernels::Parallel& parallel,
-                                                    bool cancelled) mutable {
+    queue_->Submit(stream, [steps = std::move(steps), done = std::move(done)](
+                               kernels::Parallel& parallel, bool cancelled) mutable {
       if (cancelled) {
         std::move(done)(ExecResult{absl::CancelledError("the tenant's context is closing"), -1});
         return;
       }
-      if (!start()) {
-        std::move(done)(ExecResult{absl::CancelledError("the job was cancelled"), -1});
-        return;
-      }
+      const absl::Time start = absl::Now();
       for (size_t i = 0; i < steps.size(); ++i) {
         absl::Status status = RunStep(steps[i], parallel);
         if (!status.ok()) {
-          std::move(done)(ExecResult{status, static_cast<int>(i)});
+          std::move(done)(ExecResult{status, static_cast<int>(i), absl::Now() - start});
           return;
         }
       }
-      std::move(done)(ExecResult{absl::OkStatus(), -1});
+      ExecResult result{absl::OkStatus(), -1, absl::Now() - start};
+      steps.clear();  // buffers are released before the core hears of the completion
+      std::move(done)(std::move(result));
     });
   }
 

@@ -20,6 +20,9 @@ namespace {
 // Pinned staging for host<->device copies: two buffers, so filling one overlaps the DMA of
 // the other.
 constexpr uint64_t kStagingBytes = 8ull << 20;
+// cuBLAS's workspace, ours so that its size is known and charged to the tenant: a job with a
+// matmul reserves it from the tenant's quota (32 MiB is what cuBLAS itself takes on Hopper).
+constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;
 
 }  // namespace
 
@@ -33,24 +36,41 @@ struct Incarnation {
   std::vector<CUstream> streams;
   CUstream copy = nullptr;
   cublasHandle_t blas = nullptr;
+  CUdeviceptr blas_workspace = 0;
   int sms = 0;
   // A green context's SM groups, returned to `owner` when it goes.
   CudaBackend* owner = nullptr;
   int device = 0;
   std::vector<int> sm_groups;
   std::atomic<bool> lost{false};
+  // Held shared by whoever uses the context outside its CudaContext's mu_ (allocations,
+  // copies, frees) and exclusively by Destroy, so a fault never frees what a copy is using.
+  absl::Mutex use_mu;
   void* staging[2] = {nullptr, nullptr};
   CUevent staging_done[2] = {nullptr, nullptr};
 
-  // Releases everything (context current on the calling thread is not required).
+  // Releases everything (context current on the calling thread is not required). Streams,
+  // events and memory are destroyed one by one: a green context's streams do not go with
+  // the context derived from it, and a rebuilt tenant must not pile up dead ones.
   void Destroy() {
+    absl::MutexLock use(&use_mu);
     if (context == nullptr) return;
     {
       ScopedContext scoped(*driver, context);
       if (blas != nullptr) cublasDestroy(blas);
+      blas = nullptr;
+      if (blas_workspace != 0) driver->cuMemFree(blas_workspace);
+      blas_workspace = 0;
       for (int i = 0; i < 2; ++i) {
         if (staging[i] != nullptr) driver->cuMemFreeHost(staging[i]);
+        if (staging_done[i] != nullptr) driver->cuEventDestroy(staging_done[i]);
+        staging[i] = nullptr;
+        staging_done[i] = nullptr;
       }
+      for (CUstream s : streams) driver->cuStreamDestroy(s);
+      streams.clear();
+      if (copy != nullptr) driver->cuStreamDestroy(copy);
+      copy = nullptr;
     }
     if (green != nullptr) {
       driver->cuGreenCtxDestroy(green);
@@ -71,6 +91,7 @@ class CudaBuffer final : public DeviceBuffer {
   CudaBuffer(std::shared_ptr<Incarnation> inc, CUdeviceptr ptr, uint64_t size)
       : inc_(std::move(inc)), ptr_(ptr), size_(size) {}
   ~CudaBuffer() override {
+    absl::ReaderMutexLock use(&inc_->use_mu);
     if (!inc_->lost.load() && inc_->context != nullptr) {
       ScopedContext scoped(*inc_->driver, inc_->context);
       inc_->driver->cuMemFree(ptr_);
@@ -154,27 +175,30 @@ class CudaContext final : public TenantContext {
   }
 
   absl::StatusOr<std::shared_ptr<DeviceBuffer>> Allocate(uint64_t bytes) override {
-    absl::StatusOr<std::shared_ptr<DeviceBuffer>> buffer = AllocateLocked(bytes);
-    if (!buffer.ok()) backend_->Wake();  // a fault may have orphaned queued jobs
-    return buffer;
-  }
-
-  absl::StatusOr<std::shared_ptr<DeviceBuffer>> AllocateLocked(uint64_t bytes) {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<std::shared_ptr<Incarnation>> inc = CurrentLocked();
+    absl::StatusOr<std::shared_ptr<Incarnation>> inc = Current();
     if (!inc.ok()) return inc.status();
-    ScopedContext scoped(driver_, (*inc)->context);
-    CUdeviceptr ptr = 0;
-    const uint64_t size = std::max<uint64_t>(bytes, 1);
-    CUresult r = driver_.cuMemAlloc(&ptr, size);
-    if (r != CUDA_SUCCESS) {
-      return Failed(r, absl::StrCat("allocating ", bytes, " bytes on GPU ", device()));
+    CUresult r = CUDA_SUCCESS;
+    std::shared_ptr<CudaBuffer> buffer;
+    {
+      absl::MutexLock copy(&copy_mu_);  // the copy stream zero-fills it
+      absl::ReaderMutexLock use(&(*inc)->use_mu);
+      if ((*inc)->context == nullptr) return Lost();
+      ScopedContext scoped(driver_, (*inc)->context);
+      CUdeviceptr ptr = 0;
+      const uint64_t size = std::max<uint64_t>(bytes, 1);
+      r = driver_.cuMemAlloc(&ptr, size);
+      if (r == CUDA_SUCCESS) {
+        buffer = std::make_shared<CudaBuffer>(*inc, ptr, bytes);
+        r = driver_.cuMemsetD8Async(ptr, 0, size, (*inc)->copy);
+        if (r == CUDA_SUCCESS) r = driver_.cuStreamSynchronize((*inc)->copy);
+      }
     }
-    auto buffer = std::make_shared<CudaBuffer>(*inc, ptr, bytes);
-    r = driver_.cuMemsetD8Async(ptr, 0, size, (*inc)->copy);
-    if (r == CUDA_SUCCESS) r = driver_.cuStreamSynchronize((*inc)->copy);
-    if (r != CUDA_SUCCESS) return Failed(r, "zero-filling a new tensor");
-    return buffer;
+    if (r != CUDA_SUCCESS) {
+      buffer.reset();
+      return Woken(FailedUnlocked(r, absl::StrCat("allocating ", bytes, " bytes on GPU ", device(),
+                                                  " (and zero-filling it)")));
+    }
+    return std::shared_ptr<DeviceBuffer>(std::move(buffer));
   }
 
   absl::Status CopyIn(DeviceBuffer& dst, uint64_t offset, const void* src,
@@ -210,12 +234,32 @@ class CudaContext final : public TenantContext {
     return status;
   }
 
-  void Enqueue(int stream, std::vector<Step> steps, absl::AnyInvocable<bool()> start,
+  // In-place temporaries live until the job completes (the GPU runs the steps
+  // asynchronously), so they add up over the steps; a matmul needs the cuBLAS workspace.
+  uint64_t ScratchBytes(const std::vector<Step>& steps) const override {
+    uint64_t total = 0;
+    bool blas = false;
+    for (const Step& step : steps) {
+      blas = blas || step.plan.kernel->name == "matmul";
+      if (AliasSafe(step.plan)) continue;
+      for (const auto& out : step.outputs) {
+        for (const auto& in : step.inputs) {
+          if (in.get() == out.get()) {
+            total += out->size();
+            break;
+          }
+        }
+      }
+    }
+    return total + (blas ? kCublasWorkspaceBytes : 0);
+  }
+
+  void Enqueue(int stream, std::vector<Step> steps,
                absl::AnyInvocable<void(ExecResult) &&> done) override {
     std::vector<Finished> failed;
     {
       absl::MutexLock lock(&mu_);
-      EnqueueLocked(stream, std::move(steps), std::move(start), std::move(done), failed);
+      EnqueueLocked(stream, std::move(steps), std::move(done), failed);
     }
     for (Finished& f : failed) std::move(f.done)(std::move(f.result));
     backend_->Wake();
@@ -408,24 +452,47 @@ class CudaContext final : public TenantContext {
     return current_;
   }
 
+  // Copies through the context's two pinned staging buffers (one filled while the other's
+  // DMA runs). Serialized per context by copy_mu_; mu_ is taken only to look up the
+  // incarnation and to record a fault, so jobs are enqueued and completed meanwhile.
   template <typename Issue, typename Drain>
   absl::Status Stage(const CudaBuffer& buffer, Issue issue, Drain drain, uint64_t bytes) {
-    absl::MutexLock lock(&mu_);
-    if (buffer.lost()) {
-      return absl::DataLossError("the tensor was lost when its GPU context faulted");
+    std::shared_ptr<Incarnation> current;
+    {
+      absl::MutexLock lock(&mu_);
+      if (buffer.lost()) {
+        return absl::DataLossError("the tensor was lost when its GPU context faulted");
+      }
+      if (current_ == nullptr || buffer.incarnation() != current_.get()) {
+        return absl::DataLossError("the tensor belongs to a GPU context that no longer exists");
+      }
+      current = current_;
     }
-    if (current_ == nullptr || buffer.incarnation() != current_.get()) {
-      return absl::DataLossError("the tensor belongs to a GPU context that no longer exists");
+    CUresult r = CUDA_SUCCESS;
+    const char* what = "copying tensor data";
+    {
+      absl::MutexLock copy(&copy_mu_);
+      absl::ReaderMutexLock use(&current->use_mu);
+      if (current->context == nullptr) return Lost();
+      r = StageLocked(*current, issue, drain, bytes, what);
     }
-    Incarnation& inc = *current_;
+    return r == CUDA_SUCCESS ? absl::OkStatus() : FailedUnlocked(r, what);
+  }
+
+  template <typename Issue, typename Drain>
+  CUresult StageLocked(Incarnation& inc, Issue& issue, Drain& drain, uint64_t bytes,
+                       const char*& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_) {
     ScopedContext scoped(driver_, inc.context);
     for (int i = 0; i < 2; ++i) {
       if (inc.staging[i] != nullptr) continue;
+      what = "allocating pinned staging memory";
       CUresult r = driver_.cuMemHostAlloc(&inc.staging[i], kStagingBytes, 0);
-      if (r == CUDA_SUCCESS)
+      if (r == CUDA_SUCCESS) {
         r = driver_.cuEventCreate(&inc.staging_done[i], CU_EVENT_DISABLE_TIMING);
-      if (r != CUDA_SUCCESS) return Failed(r, "allocating pinned staging memory");
+      }
+      if (r != CUDA_SUCCESS) return r;
     }
+    what = "copying tensor data";
     struct Chunk {
       uint64_t done, n;
     };
@@ -436,25 +503,42 @@ class CudaContext final : public TenantContext {
       CUresult r = driver_.cuEventSynchronize(inc.staging_done[slot]);  // slot free again
       if (r == CUDA_SUCCESS) r = issue(inc, slot, done, n);
       if (r == CUDA_SUCCESS) r = driver_.cuEventRecord(inc.staging_done[slot], inc.copy);
-      if (r != CUDA_SUCCESS) return Failed(r, "copying tensor data");
+      if (r != CUDA_SUCCESS) return r;
       if constexpr (!std::is_same_v<Drain, std::nullptr_t>) {
         if (previous) {
           r = driver_.cuEventSynchronize(inc.staging_done[slot ^ 1]);
-          if (r != CUDA_SUCCESS) return Failed(r, "copying tensor data");
+          if (r != CUDA_SUCCESS) return r;
           drain(inc, slot ^ 1, previous->done, previous->n);
         }
         previous = Chunk{done, n};
       }
     }
     CUresult r = driver_.cuStreamSynchronize(inc.copy);
-    if (r != CUDA_SUCCESS) return Failed(r, "copying tensor data");
+    if (r != CUDA_SUCCESS) return r;
     if constexpr (!std::is_same_v<Drain, std::nullptr_t>) {
       if (previous) drain(inc, slot ^ 1, previous->done, previous->n);
     }
-    return absl::OkStatus();
+    return CUDA_SUCCESS;
   }
 
-  void EnqueueLocked(int stream, std::vector<Step> steps, absl::AnyInvocable<bool()> start,
+  static absl::Status Lost() {
+    return absl::UnavailableError(
+        "the tenant's GPU context faulted during the operation; retry once it is rebuilt");
+  }
+
+  /// Failed(), for callers that do not hold mu_.
+  absl::Status FailedUnlocked(CUresult r, absl::string_view what) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return Failed(r, what);
+  }
+
+  /// The live incarnation (rebuilt after a fault), taken briefly under mu_.
+  absl::StatusOr<std::shared_ptr<Incarnation>> Current() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return CurrentLocked();
+  }
+
+  void EnqueueLocked(int stream, std::vector<Step> steps,
                      absl::AnyInvocable<void(ExecResult) &&> done, std::vector<Finished>& failed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<std::shared_ptr<Incarnation>> inc = CurrentLocked();
@@ -475,10 +559,6 @@ class CudaContext final : public TenantContext {
           }
         }
       }
-    }
-    if (!start()) {
-      failed.push_back({std::move(done), ExecResult{absl::CancelledError("cancelled"), -1}});
-      return;
     }
     Incarnation& current = **inc;
     ScopedContext scoped(driver_, current.context);
@@ -546,6 +626,14 @@ class CudaContext final : public TenantContext {
         return absl::ResourceExhaustedError(
             absl::StrCat("creating the tenant's cuBLAS handle: ", cublasGetStatusName(created)));
       }
+      CUresult r = driver_.cuMemAlloc(&inc.blas_workspace, kCublasWorkspaceBytes);
+      if (r != CUDA_SUCCESS) return Failed(r, "allocating the cuBLAS workspace");
+      created = cublasSetWorkspace(inc.blas, reinterpret_cast<void*>(inc.blas_workspace),
+                                   kCublasWorkspaceBytes);
+      if (created != CUBLAS_STATUS_SUCCESS) {
+        return absl::InternalError(
+            absl::StrCat("setting the cuBLAS workspace: ", cublasGetStatusName(created)));
+      }
     }
     LaunchTarget target{&driver_, backend_->kernels_.get(), s, inc.blas, inc.sms};
     absl::Status status = RunStep(target, step.plan, in, out);
@@ -580,7 +668,8 @@ class CudaContext final : public TenantContext {
         } else {
           float ms = 0;
           if (driver_.cuEventElapsedTime(&ms, p.start, p.end) == CUDA_SUCCESS) {
-            busy_ += absl::Microseconds(static_cast<int64_t>(ms * 1000.0f));
+            p.result.run_time = absl::Microseconds(static_cast<int64_t>(ms * 1000.0f));
+            busy_ += p.result.run_time;
           }
         }
         driver_.cuEventDestroy(p.start);
@@ -620,6 +709,9 @@ class CudaContext final : public TenantContext {
   ContextInfo info_;
   bool started_ = false;
 
+  // Serializes the context's use of its copy stream and pinned staging (Allocate, CopyIn,
+  // CopyOut). Taken before mu_, never by the completion thread.
+  absl::Mutex copy_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::shared_ptr<Incarnation> current_ ABSL_GUARDED_BY(mu_);
   std::vector<std::deque<Pending>> pending_ ABSL_GUARDED_BY(mu_);
@@ -702,7 +794,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModul
                                            .name = name,
                                            .memory_bytes = memory,
                                            .context_limit = 0,
-                                           .compute_units = static_cast<uint32_t>(gpu.sms)});
+                                           .compute_units = static_cast<uint32_t>(gpu.sms),
+                                           .max_in_flight = 256});
   }
   MpsState mps{choice->decision, choice->reason};
   if (choice->decision == MpsDecision::kMps && !mps_connected) {
@@ -804,6 +897,29 @@ void CudaBackend::Register(CudaContext* context) {
 void CudaBackend::Unregister(CudaContext* context) {
   absl::MutexLock lock(&mu_);
   contexts_.erase(context);
+  std::pair<CudaBackend*, CudaContext*> waiting(this, context);
+  mu_.Await(absl::Condition(
+      +[](std::pair<CudaBackend*, CudaContext*>* p)
+           ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->first->polling_ != p->second; },
+      &waiting));
+}
+
+void CudaBackend::ForEachContext(absl::FunctionRef<void(CudaContext&)> visit) {
+  std::vector<CudaContext*> snapshot;
+  {
+    absl::MutexLock lock(&mu_);
+    snapshot.assign(contexts_.begin(), contexts_.end());
+  }
+  for (CudaContext* c : snapshot) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (contexts_.count(c) == 0) continue;  // unregistered meanwhile
+      polling_ = c;
+    }
+    visit(*c);
+    absl::MutexLock lock(&mu_);
+    polling_ = nullptr;
+  }
 }
 
 void CudaBackend::CompletionLoop() {
@@ -823,16 +939,13 @@ void CudaBackend::CompletionLoop() {
       woken_ = false;
     }
     busy = false;
-    {
-      absl::MutexLock lock(&mu_);
-      for (CudaContext* c : contexts_) {
-        CUresult r = c->Poll(finished, busy);
-        if (r != CUDA_SUCCESS) {
-          faulted.push_back(c->device());
-          errors.push_back(r);
-        }
+    ForEachContext([&](CudaContext& c) {
+      CUresult r = c.Poll(finished, busy);
+      if (r != CUDA_SUCCESS) {
+        faulted.push_back(c.device());
+        errors.push_back(r);
       }
-    }
+    });
     for (CudaContext::Finished& f : finished) std::move(f.done)(std::move(f.result));
     for (size_t i = 0; i < faulted.size(); ++i) OnDeviceFault(faulted[i], errors[i]);
   }
@@ -854,12 +967,9 @@ void CudaBackend::OnDeviceFault(int device, CUresult error) {
     }
   }
   std::vector<CudaContext::Finished> finished;
-  {
-    absl::MutexLock lock(&mu_);
-    for (CudaContext* c : contexts_) {
-      if (c->device() == device) c->CheckSticky(finished);
-    }
-  }
+  ForEachContext([&](CudaContext& c) {
+    if (c.device() == device) c.CheckSticky(finished);
+  });
   for (CudaContext::Finished& f : finished) std::move(f.done)(std::move(f.result));
 }
 

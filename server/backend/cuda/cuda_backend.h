@@ -9,6 +9,7 @@
 #include <cuda.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 
 #include "server/backend/backend.h"
@@ -34,6 +35,8 @@ class CudaBackend final : public Backend {
   MpsState mps() const override ABSL_LOCKS_EXCLUDED(mps_mu_);
   absl::StatusOr<std::unique_ptr<TenantContext>> CreateContext(
       const ContextRequest& request) override;
+  /// Two: the GPU starts a stream's next job as soon as the previous one ends.
+  int stream_in_flight() const override { return 2; }
 
   /// Test hook (see cuda_module.h).
   absl::Status InjectFault(TenantContext& context, int stream);
@@ -63,7 +66,10 @@ class CudaBackend final : public Backend {
   CudaBackend() = default;
   void Register(CudaContext* context) ABSL_LOCKS_EXCLUDED(mu_);
   void Unregister(CudaContext* context) ABSL_LOCKS_EXCLUDED(mu_);
-  /// Collects finished jobs, detects faults, runs the callbacks.
+  /// Calls `visit` for each registered context with no backend lock held; a context is not
+  /// unregistered (destroyed) while it is visited. Only the completion thread calls it.
+  void ForEachContext(absl::FunctionRef<void(CudaContext&)> visit) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Collects finished jobs, detects faults, runs the callbacks (with no lock held).
   void CompletionLoop();
   /// After a sticky fault on `device`: re-probe MPS and fault every other context there
   /// that reports the error too.
@@ -85,6 +91,8 @@ class CudaBackend final : public Backend {
   bool stopping_ ABSL_GUARDED_BY(wake_mu_) = false;
   absl::Mutex mu_ ABSL_ACQUIRED_AFTER(wake_mu_);
   std::set<CudaContext*> contexts_ ABSL_GUARDED_BY(mu_);
+  // The context the completion thread is visiting without mu_ (see ForEachContext).
+  CudaContext* polling_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Mutex groups_mu_;
   // Per device, per SM group: the live green contexts using it.
   std::vector<std::vector<int>> group_users_ ABSL_GUARDED_BY(groups_mu_);

@@ -174,8 +174,10 @@ TEST_F(TenantRuntimeTest, WritersCheckRangesAndAbortCleanly) {
   EXPECT_EQ((*writer)->Write(3, "xyz").code(), absl::StatusCode::kInvalidArgument);  // overlap
   EXPECT_EQ((*writer)->Write(8, "xyz").code(), absl::StatusCode::kInvalidArgument);  // past end
   EXPECT_EQ((*writer)->Finish().status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(rt->Usage().tensors, 1u);
-  writer->reset();  // aborted: the new tensor is removed
+  // The new tensor exists only once the upload commits; its bytes are charged meanwhile.
+  EXPECT_EQ(rt->Usage().tensors, 0u);
+  EXPECT_EQ(rt->Usage().memory_used_bytes, 10u);
+  writer->reset();  // aborted: nothing was created, nothing stays charged
   EXPECT_EQ(rt->Usage().tensors, 0u);
   EXPECT_EQ(rt->Usage().memory_used_bytes, 0u);
 }
