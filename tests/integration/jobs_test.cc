@@ -1,0 +1,420 @@
+// The job model every backend shares (server/core/job_scheduler.h): queue bounds, cancel,
+// deadlines, transfers that commit only when complete, memory that outlives a deregistration
+// only while it is really held, and a server that stays responsive and stops cleanly under
+// concurrent load. Runs on each backend under test (tests/testing/server_fixture.h).
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+#include "tests/testing/server_fixture.h"
+
+namespace tessera::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kBlockerElements = 4 << 20;  // 16 MiB of f32
+// How long a blocker keeps its stream busy: long enough for a test's calls behind it, short
+// enough to wait for. Its steps are scaled to the backend's speed, measured in SetUp.
+constexpr absl::Duration kBlockerTime = absl::Milliseconds(1500);
+
+class JobsTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    // Lock-order checking on: a potential deadlock aborts the server and fails the test.
+    StartServer({"--drain_timeout=2s", "--deadlock_detection=abort"});
+    v1::RegisterTenantRequest r = Registration("jobs", 2 * kGiB);
+    r.mutable_quota()->set_max_streams(2);
+    r.mutable_quota()->set_max_queued_jobs(4);
+    auto registered = admin_->RegisterTenant(r);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    key_ = registered->api_key();
+    tenant_ = ClientWith(key_);
+    big_ = MustCreate(kBlockerElements);
+    sink_ = MustCreate(kBlockerElements);
+    ones_ = MustCreate(4, std::vector<float>{1, 1, 1, 1});
+    target_ = MustCreate(4);
+    // Measure a few steps, then size blockers to kBlockerTime (at most a program's 256).
+    blocker_steps_ = 4;
+    const absl::Time start = absl::Now();
+    auto probe = Blocker(0, /*wait=*/true);
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    ASSERT_EQ(probe->state(), v1::JOB_STATE_SUCCEEDED) << probe->error_message();
+    const absl::Duration per_step = (absl::Now() - start) / blocker_steps_;
+    blocker_steps_ = static_cast<int>(std::clamp<int64_t>(kBlockerTime / per_step, 4, 256));
+  }
+
+  std::string MustCreate(int elements, std::vector<float> values = {}) {
+    v1::TensorSpec spec;
+    spec.set_dtype(v1::DTYPE_F32);
+    spec.add_shape(elements);
+    std::string data(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+    auto t =
+        data.size() > (1 << 20) ? tenant_->Upload(spec, data) : tenant_->CreateTensor(spec, data);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? t->handle() : "";
+  }
+
+  // A job that keeps stream `stream` busy for a while: sink = big ** big, many times.
+  absl::StatusOr<v1::Job> Blocker(int stream = 0, bool wait = false) {
+    v1::SubmitRequest request;
+    request.set_stream(stream);
+    request.set_wait(wait);
+    for (int i = 0; i < blocker_steps_; ++i) {
+      v1::ProgramStep* step = request.add_steps();
+      step->set_kernel("pow");
+      step->add_inputs()->set_handle(big_);
+      step->add_inputs()->set_handle(big_);
+      step->add_outputs()->set_handle(sink_);
+    }
+    return tenant_->Submit(request);
+  }
+
+  // Fills `stream` so that the next job on it waits in the core's queue: as many blockers
+  // as the backend keeps in flight per stream (one on the CPU, two on a GPU).
+  void BlockStream(int stream = 0) {
+    for (int i = 0; i < (OnCpu() ? 1 : 2); ++i) ASSERT_TRUE(Blocker(stream).ok());
+  }
+
+  // target = ones: the job whose effect shows whether it ran.
+  v1::LaunchRequest CopyOnesToTarget(int stream = 0) {
+    v1::LaunchRequest request;
+    request.set_kernel("copy");
+    request.add_inputs(ones_);
+    request.add_outputs()->set_handle(target_);
+    request.set_stream(stream);
+    return request;
+  }
+
+  std::vector<float> Target() {
+    auto bytes = tenant_->Download(target_);
+    EXPECT_TRUE(bytes.ok()) << bytes.status();
+    std::vector<float> v(4, -1);
+    if (bytes.ok() && bytes->size() == 16) std::memcpy(v.data(), bytes->data(), 16);
+    return v;
+  }
+
+  std::string key_;
+  int blocker_steps_ = 4;
+  std::unique_ptr<Client> tenant_;
+  std::string big_, sink_, ones_, target_;
+};
+
+const std::vector<float> kZeros = {0, 0, 0, 0};
+
+TEST_F(JobsTest, TheQueueBoundHoldsWhateverRunsAlready) {
+  BlockStream();
+  int accepted = 0, refused = 0;
+  for (int i = 0; i < 64; ++i) {
+    auto job = tenant_->Launch(CopyOnesToTarget());
+    if (job.ok()) {
+      ++accepted;
+    } else {
+      ASSERT_EQ(job.status().code(), absl::StatusCode::kResourceExhausted) << job.status();
+      EXPECT_THAT(job.status().message(), HasSubstr("quota.max_queued_jobs is 4"));
+      ++refused;
+    }
+  }
+  // Blockers hold the stream's in-flight slots: every later job waits in the queue.
+  EXPECT_EQ(accepted, 4);
+  EXPECT_EQ(refused, 60);
+  auto usage = tenant_->GetUsage();
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->jobs_queued(), 4u);
+  EXPECT_EQ(usage->jobs_running(), OnCpu() ? 1u : 2u);
+}
+
+TEST_F(JobsTest, ACancelledQueuedJobNeverRuns) {
+  BlockStream();
+  auto job = tenant_->Launch(CopyOnesToTarget());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_QUEUED);
+  auto cancelled = tenant_->CancelJob(job->job_id());
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(cancelled->error_code(), static_cast<int>(absl::StatusCode::kCancelled));
+  ASSERT_TRUE(tenant_->Synchronize().ok());
+  EXPECT_EQ(Target(), kZeros);
+  auto usage = tenant_->GetUsage();
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->jobs_cancelled(), 1u);
+}
+
+TEST_F(JobsTest, TerminateTenantWorkCancelsEveryQueuedJob) {
+  BlockStream();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto job = tenant_->Launch(CopyOnesToTarget());
+    ASSERT_TRUE(job.ok()) << job.status();
+    ids.push_back(job->job_id());
+  }
+  auto terminated = admin_->TerminateTenantWork("jobs");
+  ASSERT_TRUE(terminated.ok()) << terminated.status();
+  EXPECT_EQ(terminated->cancelled_jobs(), 3u);
+  for (const std::string& id : ids) {
+    auto job = tenant_->WaitJob(id);
+    ASSERT_TRUE(job.ok());
+    EXPECT_EQ(job->state(), v1::JOB_STATE_CANCELLED);
+  }
+  ASSERT_TRUE(tenant_->Synchronize().ok());
+  EXPECT_EQ(Target(), kZeros);
+}
+
+TEST_F(JobsTest, AQueueTimeoutEndsTheJobWithoutRunningIt) {
+  BlockStream();
+  v1::LaunchRequest request = CopyOnesToTarget();
+  request.mutable_queue_timeout()->set_nanos(100'000'000);
+  auto job = tenant_->Launch(request);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->has_deadline());
+  auto done = tenant_->WaitJob(job->job_id());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(done->error_code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  ASSERT_TRUE(tenant_->Synchronize().ok());
+  EXPECT_EQ(Target(), kZeros);
+  auto usage = tenant_->GetUsage();
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->jobs_expired(), 1u);
+
+  request.mutable_queue_timeout()->set_seconds(-1);
+  auto refused = tenant_->Launch(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("queue_timeout"));
+}
+
+TEST_F(JobsTest, AWaitingCallsDeadlineIsTheJobsDeadline) {
+  BlockStream();
+  auto impatient = Client::Connect(
+      {.address = server_->address(), .token = key_, .timeout = absl::Milliseconds(300)});
+  ASSERT_TRUE(impatient.ok());
+  v1::LaunchRequest request = CopyOnesToTarget();
+  request.set_wait(true);
+  auto job = (*impatient)->Launch(request);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kDeadlineExceeded) << job.status();
+  ASSERT_TRUE(tenant_->Synchronize().ok());
+  EXPECT_EQ(Target(), kZeros);
+  auto usage = tenant_->GetUsage();
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->jobs_succeeded(), OnCpu() ? 2u : 3u);  // the probe and the blockers
+  EXPECT_EQ(usage->jobs_cancelled(), 1u);
+}
+
+TEST_F(JobsTest, AClientThatCancelsItsWaitingCallCancelsTheJob) {
+  BlockStream();
+  auto stub = v1::Compute::NewStub(tenant_->channel());
+  std::unique_ptr<grpc::ClientContext> context = tenant_->NewContext();
+  v1::LaunchRequest request = CopyOnesToTarget();
+  request.set_wait(true);
+  v1::Job response;
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    context->TryCancel();
+  });
+  grpc::Status status = stub->Launch(context.get(), request, &response);
+  canceller.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+  ASSERT_TRUE(tenant_->Synchronize().ok());
+  EXPECT_EQ(Target(), kZeros);
+  auto usage = tenant_->GetUsage();
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->jobs_cancelled(), 1u);
+}
+
+TEST_F(JobsTest, ARefusedPartialWriteLeavesThePreviousBytes) {
+  const std::string before = *tenant_->Download(ones_);
+  auto stub = v1::Compute::NewStub(tenant_->channel());
+  std::unique_ptr<grpc::ClientContext> context = tenant_->NewContext();
+  v1::TensorInfo response;
+  auto writer = stub->WriteTensor(context.get(), &response);
+  v1::WriteTensorRequest message;
+  message.mutable_header()->set_handle(ones_);
+  ASSERT_TRUE(writer->Write(message));
+  message.Clear();
+  message.mutable_chunk()->set_offset(0);
+  message.mutable_chunk()->set_data(std::string(8, '\x7f'));
+  ASSERT_TRUE(writer->Write(message));
+  message.mutable_chunk()->set_offset(4);  // overlaps: refused
+  writer->Write(message);
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_EQ(*tenant_->Download(ones_), before);
+}
+
+TEST_F(JobsTest, ACancelledCompleteUploadLeavesNoTensorAndNoCharge) {
+  auto usage_before = tenant_->GetUsage();
+  ASSERT_TRUE(usage_before.ok());
+  auto stub = v1::Compute::NewStub(tenant_->channel());
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    std::unique_ptr<grpc::ClientContext> context = tenant_->NewContext();
+    v1::TensorInfo response;
+    auto writer = stub->WriteTensor(context.get(), &response);
+    v1::WriteTensorRequest message;
+    message.mutable_header()->mutable_create()->set_dtype(v1::DTYPE_U8);
+    message.mutable_header()->mutable_create()->add_shape(8192);
+    ASSERT_TRUE(writer->Write(message));
+    message.Clear();
+    message.mutable_chunk()->set_data(std::string(8192, 'x'));
+    ASSERT_TRUE(writer->Write(message));
+    context->TryCancel();  // every byte sent, never half-closed
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // The server may still be finishing the cancelled calls: give it a moment.
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<v1::Usage> usage;
+  do {
+    usage = tenant_->GetUsage();
+    ASSERT_TRUE(usage.ok());
+    if (usage->memory_used_bytes() == usage_before->memory_used_bytes()) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  } while (absl::Now() < deadline);
+  EXPECT_EQ(usage->tensors(), usage_before->tensors());
+  EXPECT_EQ(usage->memory_used_bytes(), usage_before->memory_used_bytes());
+}
+
+TEST_F(JobsTest, DeregistrationCancelsStalledTransfersAndFreesTheReservationAfterwards) {
+  const uint64_t device = 8 * kGiB;
+  for (int cycle = 0; cycle < 4; ++cycle) {
+    const std::string id = absl::StrCat("staller", cycle);
+    const std::string key = MustRegister(id, 4 * kGiB);
+    auto client = ClientWith(key);
+    v1::TensorSpec spec;
+    spec.set_dtype(v1::DTYPE_U8);
+    spec.add_shape(16 << 20);
+    auto tensor = client->Upload(spec, std::string(16 << 20, 'a'));
+    ASSERT_TRUE(tensor.ok()) << tensor.status();
+    // A reader that takes one chunk and stops reading.
+    auto stub = v1::Compute::NewStub(client->channel());
+    std::unique_ptr<grpc::ClientContext> context = client->NewContext();
+    v1::ReadTensorRequest read;
+    read.set_handle(tensor->handle());
+    read.set_chunk_bytes(1 << 20);
+    auto reader = stub->ReadTensor(context.get(), read);
+    v1::ReadTensorResponse chunk;
+    ASSERT_TRUE(reader->Read(&chunk));
+    auto usage = client->GetUsage();
+    ASSERT_TRUE(usage.ok());
+    EXPECT_GT(usage->memory_staging_bytes(), 0u);  // the stalled chunk is charged
+    ASSERT_TRUE(admin_->DeregisterTenant(id).ok());
+    // The stalled stream is cancelled by the deregistration.
+    while (reader->Read(&chunk)) {
+    }
+    grpc::Status ended = reader->Finish();
+    EXPECT_FALSE(ended.ok());
+    // Once the memory is free, the whole device can be promised again.
+    absl::Time deadline = absl::Now() + absl::Seconds(10);
+    absl::StatusOr<v1::RegisterTenantResponse> whole;
+    do {
+      whole = admin_->RegisterTenant(Registration(absl::StrCat("whole", cycle), device - 2 * kGiB));
+      if (whole.ok()) break;
+      EXPECT_EQ(whole.status().code(), absl::StatusCode::kResourceExhausted) << whole.status();
+      absl::SleepFor(absl::Milliseconds(20));
+    } while (absl::Now() < deadline);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    ASSERT_TRUE(admin_->DeregisterTenant(absl::StrCat("whole", cycle)).ok());
+  }
+}
+
+// Two clients, one creating tensors and one launching, used to hang the CUDA path (a lock
+// cycle between the runtime and the context). The server runs with deadlock detection on
+// (see SetUp), so a lock-order cycle aborts it even where the timing does not hang.
+TEST_F(JobsTest, CreatingAndLaunchingAtOnceNeverHangs) {
+  const std::string key = MustRegister("racer", 2 * kGiB);
+  auto creator = ClientWith(key);
+  auto launcher = ClientWith(key);
+  v1::TensorSpec spec;
+  spec.set_dtype(v1::DTYPE_F32);
+  spec.add_shape(1024);
+  auto x = creator->CreateTensor(spec);
+  ASSERT_TRUE(x.ok());
+  std::atomic<int> created{0}, launched{0};
+  const absl::Time end = absl::Now() + absl::Seconds(3);
+  std::thread a([&] {
+    for (int i = 0; i < 400 && absl::Now() < end; ++i) {
+      auto t = creator->CreateTensor(spec, std::string(4096, '\1'));
+      if (t.ok() && creator->DeleteTensor(t->handle()).ok()) ++created;
+    }
+  });
+  std::thread b([&] {
+    for (int i = 0; i < 400 && absl::Now() < end; ++i) {
+      v1::LaunchRequest request;
+      request.set_kernel("neg");
+      request.add_inputs(x->handle());
+      request.set_wait(true);
+      auto job = launcher->Launch(request);
+      if (job.ok() && job->state() == v1::JOB_STATE_SUCCEEDED) {
+        for (const auto& out : job->outputs()) (void)launcher->DeleteTensor(out.handle());
+        ++launched;
+      }
+    }
+  });
+  a.join();
+  b.join();
+  EXPECT_GT(created.load(), 0);
+  EXPECT_GT(launched.load(), 0);
+  EXPECT_TRUE(admin_->GetServerInfo().ok());
+  auto stopped = server_->Stop(SIGTERM, absl::Seconds(10));
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(*stopped, 0) << server_->output();
+}
+
+// Many tenants at once: create, write, launch, cancel, delete, deregister and register
+// again, bounded in time; then the server answers and stops within its drain timeout.
+TEST_F(JobsTest, UnderConcurrentLoadTheServerStaysResponsiveAndStopsCleanly) {
+  const absl::Time end = absl::Now() + absl::Seconds(4);
+  std::atomic<int> operations{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 4; ++w) {
+    workers.emplace_back([&, w] {
+      for (int round = 0; round < 50 && absl::Now() < end; ++round) {
+        const std::string id = absl::StrCat("load", w, "-", round);
+        v1::RegisterTenantRequest r = Registration(id, 256 << 20);
+        r.mutable_quota()->set_max_queued_jobs(8);
+        auto registered = admin_->RegisterTenant(r);
+        if (!registered.ok()) continue;
+        auto client = ClientWith(registered->api_key());
+        v1::TensorSpec spec;
+        spec.set_dtype(v1::DTYPE_F32);
+        spec.add_shape(64 << 10);
+        auto x = client->Upload(spec, std::string(256 << 10, '\2'), 64 << 10);
+        if (!x.ok()) continue;
+        std::vector<std::string> jobs;
+        for (int j = 0; j < 8; ++j) {
+          v1::LaunchRequest request;
+          request.set_kernel(j % 2 ? "exp" : "neg");
+          request.add_inputs(x->handle());
+          request.set_stream(0);
+          auto job = client->Launch(request);
+          if (job.ok()) jobs.push_back(job->job_id());
+        }
+        if (!jobs.empty()) (void)client->CancelJob(jobs.back());
+        (void)client->Download(x->handle());
+        (void)client->Overwrite(x->handle(), std::string(256 << 10, '\3'), 64 << 10);
+        if (round % 2 == 0) (void)client->Synchronize();
+        (void)client->DeleteTensor(x->handle());
+        (void)admin_->DeregisterTenant(id);  // with work possibly still queued or running
+        ++operations;
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  EXPECT_GT(operations.load(), 4);
+  EXPECT_TRUE(admin_->GetServerInfo().ok());
+  const absl::Time stop_start = absl::Now();
+  auto stopped = server_->Stop(SIGTERM, absl::Seconds(15));
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(*stopped, 0) << server_->output();
+  EXPECT_LT(absl::Now() - stop_start, absl::Seconds(8));
+}
+
+}  // namespace
+}  // namespace tessera::testing
