@@ -52,6 +52,10 @@ ABSL_FLAG(tessera::ByteSize, max_message_bytes, tessera::ByteSize{64 << 20},
           "Largest gRPC message in either direction (64KiB..2GiB-1)");
 ABSL_FLAG(double, memory_overcommit, 1.0,
           "Admission: reserved memory per device may reach capacity x this (0.01..100)");
+ABSL_FLAG(uint32_t, device_in_flight, 0,
+          "Most jobs released to a device at once, all tenants together; the rest wait in "
+          "per-stream queues (cancellable, released in weighted fair order). 0: the backend's "
+          "default (no bound on the CPU backend, 256 per GPU)");
 ABSL_FLAG(tessera::ByteSize, cpu_memory_bytes, tessera::ByteSize{0},
           "CPU backend capacity, e.g. 8GiB (0: half of physical memory)");
 ABSL_FLAG(uint32_t, cpu_threads, 0, "CPU backend worker threads (0: one per hardware thread)");
@@ -172,6 +176,7 @@ int main(int argc, char** argv) {
   options.max_message_bytes =
       max_message > uint64_t{1} << 40 ? int64_t{1} << 40 : static_cast<int64_t>(max_message);
   options.memory_overcommit = absl::GetFlag(FLAGS_memory_overcommit);
+  options.device_in_flight = absl::GetFlag(FLAGS_device_in_flight);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
 

@@ -119,7 +119,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
 
   ASSIGN_OR_RETURN(server->store_, TenantStore::Open(server->state_dir_->File("tenants.db")));
   ASSIGN_OR_RETURN(server->tenants_,
-                   TenantTable::Create({.memory_overcommit = opts.memory_overcommit},
+                   TenantTable::Create({.memory_overcommit = opts.memory_overcommit,
+                                        .device_in_flight = opts.device_in_flight},
                                        server->store_.get(), server->backend_.get()));
   spdlog::info("restored {} tenant(s) from {}", server->tenants_->size(),
                server->state_dir_->File("tenants.db"));

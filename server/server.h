@@ -50,6 +50,9 @@ struct ServerOptions {
   /// Largest message either way, bytes.
   int64_t max_message_bytes = 64 << 20;
   double memory_overcommit = 1.0;
+  /// Most jobs released to a device at once, all tenants together (0: the backend's
+  /// default); above it jobs wait in the core's queues in weighted fair order.
+  uint32_t device_in_flight = 0;
   /// Time between health NOT_SERVING and closing the port, for load balancers to notice.
   absl::Duration shutdown_grace = absl::ZeroDuration();
   /// Longest wait for in-flight calls at shutdown before they are cancelled.

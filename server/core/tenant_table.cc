@@ -29,7 +29,8 @@ absl::StatusOr<std::unique_ptr<TenantTable>> TenantTable::Create(Options options
   std::unique_ptr<TenantTable> table(new TenantTable(options, store, backend));
   JobScheduler::Options scheduling{.stream_in_flight = std::max(1, backend->stream_in_flight())};
   for (const DeviceInfo& device : backend->devices()) {
-    scheduling.device_in_flight.push_back(static_cast<int>(device.max_in_flight));
+    scheduling.device_in_flight.push_back(static_cast<int>(
+        options.device_in_flight > 0 ? options.device_in_flight : device.max_in_flight));
   }
   table->scheduler_ = JobScheduler::Create(std::move(scheduling));
   RETURN_IF_ERROR(table->Restore());

@@ -41,6 +41,8 @@ class TenantTable {
   struct Options {
     /// Reservable memory = device capacity × memory_overcommit (> 0).
     double memory_overcommit = 1.0;
+    /// Overrides every device's DeviceInfo::max_in_flight when > 0.
+    uint32_t device_in_flight = 0;
   };
 
   /// Restores every stored tenant and rebuilds its context. `store` and `backend` are not

@@ -102,6 +102,13 @@ class JobsTest : public ServerTest {
     return v;
   }
 
+  // A server of its own (another state directory) with `args`.
+  void StartServerFresh(std::vector<std::string> args) {
+    server_.reset();
+    args.push_back("--deadlock_detection=abort");
+    StartServer(args);
+  }
+
   std::string key_;
   int blocker_steps_ = 4;
   std::unique_ptr<Client> tenant_;
@@ -414,6 +421,58 @@ TEST_F(JobsTest, UnderConcurrentLoadTheServerStaysResponsiveAndStopsCleanly) {
   ASSERT_TRUE(stopped.ok()) << stopped.status();
   EXPECT_EQ(*stopped, 0) << server_->output();
   EXPECT_LT(absl::Now() - stop_start, absl::Seconds(8));
+}
+
+// With one job in flight on the device, the core releases the tenants' queued jobs in
+// weighted fair order: a tenant with three times the compute share gets about three times
+// the jobs while both have work queued.
+TEST_F(JobsTest, TheDeviceIsSharedByComputeShareWhenJobsWait) {
+  StartServerFresh({"--device_in_flight=1"});
+  auto tenant = [&](const std::string& id, uint32_t share) {
+    v1::RegisterTenantRequest r = Registration(id, kGiB);
+    r.mutable_quota()->set_compute_share_percent(share);
+    r.mutable_quota()->set_max_queued_jobs(64);
+    auto registered = admin_->RegisterTenant(r);
+    EXPECT_TRUE(registered.ok()) << registered.status();
+    return ClientWith(registered.ok() ? registered->api_key() : "");
+  };
+  auto heavy = tenant("heavy", 75), light = tenant("light", 25);
+  v1::TensorSpec spec;
+  spec.set_dtype(v1::DTYPE_F32);
+  spec.add_shape(1 << 20);
+  auto xh = heavy->CreateTensor(spec), xl = light->CreateTensor(spec);
+  auto yh = heavy->CreateTensor(spec), yl = light->CreateTensor(spec);
+  ASSERT_TRUE(xh.ok() && xl.ok() && yh.ok() && yl.ok());
+  auto job = [](const v1::TensorInfo& x, const v1::TensorInfo& y) {
+    v1::SubmitRequest request;
+    for (int i = 0; i < 8; ++i) {
+      v1::ProgramStep* step = request.add_steps();
+      step->set_kernel("exp");
+      step->add_inputs()->set_handle(x.handle());
+      step->add_outputs()->set_handle(y.handle());
+    }
+    return request;
+  };
+  std::vector<std::string> heavy_jobs, light_jobs;
+  for (int i = 0; i < 40; ++i) {
+    auto h = heavy->Submit(job(*xh, *yh));
+    auto l = light->Submit(job(*xl, *yl));
+    ASSERT_TRUE(h.ok() && l.ok()) << h.status() << l.status();
+    heavy_jobs.push_back(h->job_id());
+    light_jobs.push_back(l->job_id());
+  }
+  // When the heavy tenant's 30th job is done, the light one has done about 10.
+  ASSERT_TRUE(heavy->WaitJob(heavy_jobs[29]).ok());
+  int light_done = 0;
+  for (const std::string& id : light_jobs) {
+    auto j = light->WaitJob(id, absl::ZeroDuration());
+    ASSERT_TRUE(j.ok());
+    light_done += j->state() == v1::JOB_STATE_SUCCEEDED ? 1 : 0;
+  }
+  EXPECT_GE(light_done, 5);
+  EXPECT_LE(light_done, 16);
+  (void)admin_->TerminateTenantWork("heavy");
+  (void)admin_->TerminateTenantWork("light");
 }
 
 }  // namespace
