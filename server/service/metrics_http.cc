@@ -69,8 +69,19 @@ std::string RenderMetrics(const TenantTable& tenants, const Backend& backend) {
       absl::StrAppend(&out, name, "{tenant=\"", r.id, "\"} ", value(r.usage), "\n");
     }
   };
-  per_tenant("tessera_tenant_memory_used_bytes", "gauge", "Bytes of the tenant's tensors.",
+  per_tenant("tessera_tenant_memory_used_bytes", "gauge",
+             "Bytes the tenant's work holds against its quota (tensors, job scratch, transfer "
+             "staging).",
              [](const UsageInfo& u) { return u.memory_used_bytes; });
+  per_tenant("tessera_tenant_memory_tensor_bytes", "gauge",
+             "Bytes of the tenant's tensors (and uncommitted uploads).",
+             [](const UsageInfo& u) { return u.memory_tensor_bytes; });
+  per_tenant("tessera_tenant_memory_scratch_bytes", "gauge",
+             "Bytes reserved by the tenant's running jobs besides their outputs.",
+             [](const UsageInfo& u) { return u.memory_scratch_bytes; });
+  per_tenant("tessera_tenant_memory_staging_bytes", "gauge",
+             "Bytes of the tenant's transfer chunks held in host memory.",
+             [](const UsageInfo& u) { return u.memory_staging_bytes; });
   per_tenant("tessera_tenant_memory_quota_bytes", "gauge", "The tenant's memory quota.",
              [](const UsageInfo& u) { return u.memory_quota_bytes; });
   per_tenant("tessera_tenant_tensors", "gauge", "Tensors the tenant holds.",
@@ -83,8 +94,12 @@ std::string RenderMetrics(const TenantTable& tenants, const Backend& backend) {
              [](const UsageInfo& u) { return u.jobs_succeeded; });
   per_tenant("tessera_tenant_jobs_failed_total", "counter", "Jobs that failed.",
              [](const UsageInfo& u) { return u.jobs_failed; });
-  per_tenant("tessera_tenant_jobs_cancelled_total", "counter", "Jobs cancelled.",
+  per_tenant("tessera_tenant_jobs_cancelled_total", "counter",
+             "Jobs cancelled while queued (expired ones included).",
              [](const UsageInfo& u) { return u.jobs_cancelled; });
+  per_tenant("tessera_tenant_jobs_expired_total", "counter",
+             "Jobs whose deadline passed while they were queued.",
+             [](const UsageInfo& u) { return u.jobs_expired; });
   per_tenant("tessera_tenant_busy_seconds_total", "counter",
              "Time the tenant's work spent executing.",
              [](const UsageInfo& u) { return absl::ToDoubleSeconds(u.busy_time); });
