@@ -62,7 +62,7 @@ TenantRuntime::~TenantRuntime() { Close("the tenant is gone"); }
 
 absl::Status TenantRuntime::CheckOpen() const {
   if (closed_.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat("tenant \"", tenant_id_, "\" ", closed_));
+  return absl::Status(closed_code_, absl::StrCat("tenant \"", tenant_id_, "\" ", closed_));
 }
 
 std::shared_ptr<TenantContext> TenantRuntime::ContextOrNull() const {
@@ -792,7 +792,7 @@ UsageInfo TenantRuntime::Usage() const {
   return u;
 }
 
-void TenantRuntime::Close(absl::string_view why) {
+void TenantRuntime::Close(absl::string_view why, absl::StatusCode code) {
   std::vector<std::pair<std::vector<JobCallback>, JobInfo>> to_notify;
   std::vector<absl::AnyInvocable<void() &&>> hooks;
   std::shared_ptr<TenantContext> context;
@@ -800,6 +800,7 @@ void TenantRuntime::Close(absl::string_view why) {
     absl::MutexLock lock(&mu_);
     if (!closed_.empty()) return;
     closed_ = std::string(why);
+    closed_code_ = code;
     // Nothing queued is released from now on; running jobs finish in the context.
     queue_->Close();
     for (auto& [id, job] : jobs_) {

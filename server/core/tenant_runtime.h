@@ -222,7 +222,10 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   /// waits for running jobs, drops every tensor and releases the context. Memory still
   /// referenced by a transfer that has not noticed yet stays charged to ledger() until it is
   /// freed. Idempotent.
-  void Close(absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Later calls fail with `code` (FAILED_PRECONDITION for a deregistered tenant: do not
+  /// retry; UNAVAILABLE at shutdown: retry elsewhere or later).
+  void Close(absl::string_view why, absl::StatusCode code = absl::StatusCode::kFailedPrecondition)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Tensor {
@@ -282,6 +285,7 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   mutable absl::Mutex mu_;
   std::shared_ptr<TenantContext> context_ ABSL_GUARDED_BY(mu_);
   std::string closed_ ABSL_GUARDED_BY(mu_);  // why, once closed
+  absl::StatusCode closed_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kFailedPrecondition;
   std::map<std::string, Tensor, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Job>, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> finished_order_ ABSL_GUARDED_BY(mu_);

@@ -153,12 +153,10 @@ absl::StatusOr<TenantView> TenantTable::Get(absl::string_view id) const {
 
 absl::StatusOr<std::shared_ptr<TenantRuntime>> TenantTable::RuntimeOf(absl::string_view id) const {
   absl::ReaderMutexLock lock(&mu_);
+  if (released_) return absl::UnavailableError("the server is shutting down");
   auto it = tenants_.find(id);
   if (it == tenants_.end()) {
     return absl::NotFoundError(absl::StrCat("tenant \"", id, "\" not found"));
-  }
-  if (it->second->runtime == nullptr) {
-    return absl::UnavailableError("the server is shutting down");
   }
   return it->second->runtime;
 }
@@ -308,7 +306,8 @@ void TenantTable::ReleaseContexts() {
     released.swap(tenants_);
   }
   for (auto& [id, entry] : released)
-    entry->runtime->Close("is unavailable: the server is shutting down");
+    entry->runtime->Close("is unavailable: the server is shutting down",
+                          absl::StatusCode::kUnavailable);
   if (scheduler_ != nullptr) scheduler_->Stop();
 }
 

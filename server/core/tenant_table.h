@@ -60,7 +60,8 @@ class TenantTable {
   absl::StatusOr<Registered> Register(TenantSpec spec) ABSL_LOCKS_EXCLUDED(mutation_mu_, mu_);
 
   absl::StatusOr<TenantView> Get(absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);
-  /// The runtime of tenant `id` (NOT_FOUND; UNAVAILABLE after ReleaseContexts).
+  /// The runtime of tenant `id`: NOT_FOUND for an unknown tenant, UNAVAILABLE once
+  /// ReleaseContexts ran (a runtime already held then refuses calls with UNAVAILABLE too).
   absl::StatusOr<std::shared_ptr<TenantRuntime>> RuntimeOf(absl::string_view id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
