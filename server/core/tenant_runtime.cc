@@ -346,208 +346,235 @@ class TenantRuntime::Pins {
   bool committed_ = false;
 };
 
+// What Submit resolved under the lock: per step, the existing tensors' buffers (nullptr: an
+// earlier step's output, or a new tensor) and the validated plans.
+struct TenantRuntime::Resolution {
+  struct StepRefs {
+    std::vector<std::shared_ptr<DeviceBuffer>> inputs;
+    std::vector<std::shared_ptr<DeviceBuffer>> outputs;
+    std::vector<TensorInfo> output_infos;  // of existing outputs
+  };
+  std::vector<StepRefs> steps;
+  std::vector<kernels::Plan> plans;
+  std::shared_ptr<TenantContext> context;
+};
+
+// What Submit allocated with no lock held: the backend's steps, the new outputs (to be
+// recorded at commit) and the scratch the job needs to run.
+struct TenantRuntime::Prepared {
+  std::vector<Step> exec;
+  std::vector<std::pair<kernels::TensorMeta, std::shared_ptr<DeviceBuffer>>> created;
+  uint64_t scratch = 0;
+};
+
+absl::Status TenantRuntime::CheckQueueLocked() const {
+  if (queued_ < quota_.max_queued_jobs) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("tenant \"", tenant_id_, "\" has ", queued_, " jobs queued (", running_,
+                   " more running); quota.max_queued_jobs is ", quota_.max_queued_jobs,
+                   "; wait for some to finish"));
+}
+
 absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<LaunchSpec> steps,
                                               bool program, JobCallback on_done,
                                               absl::Time deadline) {
-  // 1. Resolve: validate every step against the registry and the tenant's tensors, and pin
-  //    the tensors it uses so that they stay while the lock is released.
-  struct Resolved {
-    std::vector<std::shared_ptr<DeviceBuffer>> inputs;   // nullptr: an earlier step's output
-    std::vector<std::shared_ptr<DeviceBuffer>> outputs;  // nullptr: a new tensor
-    std::vector<TensorInfo> output_infos;                // of existing outputs
-  };
-  std::vector<Resolved> resolved(steps.size());
-  std::vector<kernels::Plan> plans;
-  Pins pins(this);
-  std::shared_ptr<TenantContext> context;
+  Pins pins(this);  // given back unless the job is committed
+  Resolution resolution;
   {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckOpen());
-    if (stream < 0 || stream >= quota_.max_streams) {
-      return absl::InvalidArgumentError(absl::StrCat("stream is ", stream, "; the tenant has ",
-                                                     quota_.max_streams, " streams (0..",
-                                                     quota_.max_streams - 1, ")"));
-    }
-    if (steps.empty() || steps.size() > kMaxProgramSteps) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a program has 1..", kMaxProgramSteps, " steps; got ", steps.size()));
-    }
-    if (queued_ >= quota_.max_queued_jobs) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("tenant \"", tenant_id_, "\" has ", queued_, " jobs queued (", running_,
-                       " more running); quota.max_queued_jobs is ", quota_.max_queued_jobs,
-                       "; wait for some to finish"));
-    }
-    for (size_t i = 0; i < steps.size(); ++i) {
-      const LaunchSpec& spec = steps[i];
-      auto fail = [&](const absl::Status& s) {
-        return program ? absl::Status(s.code(), absl::StrCat("steps[", i, "] (", spec.kernel,
-                                                             "): ", s.message()))
-                       : s;
-      };
-      std::vector<kernels::TensorMeta> metas;
-      for (size_t k = 0; k < spec.inputs.size(); ++k) {
-        const Operand& op = spec.inputs[k];
-        if (op.step >= 0) {
-          if (static_cast<size_t>(op.step) >= i || op.output < 0 ||
-              static_cast<size_t>(op.output) >= plans[op.step].outputs.size()) {
-            return fail(absl::InvalidArgumentError(
-                absl::StrCat("inputs[", k, "] refers to output ", op.output, " of step ", op.step,
-                             ", which is not an earlier step's output")));
-          }
-          metas.push_back(plans[op.step].outputs[op.output]);
-          resolved[i].inputs.push_back(nullptr);
-        } else {
-          absl::StatusOr<Tensor*> t = FindLiveLocked(op.handle);
-          if (!t.ok()) return fail(t.status());
-          metas.push_back((*t)->info.meta);
-          resolved[i].inputs.push_back((*t)->buffer);
-          pins.Read(**t);
-        }
-      }
-      kernels::OutputHints hints;
-      std::vector<Tensor*> existing;
-      for (size_t k = 0; k < spec.outputs.size(); ++k) {
-        const OutputSpec& out = spec.outputs[k];
-        if (out.kind == OutputSpec::Kind::kHandle) {
-          absl::StatusOr<Tensor*> t = FindLiveLocked(out.handle);
-          if (!t.ok()) return fail(t.status());
-          if ((*t)->transfers > 0) {
-            return fail(InUse(out.handle, "a ReadTensor or WriteTensor in progress"));
-          }
-          for (Tensor* e : existing) {
-            if (e == *t) {
-              return fail(absl::InvalidArgumentError(
-                  absl::StrCat("outputs[", k, "] repeats tensor \"", out.handle, "\"")));
-            }
-          }
-          existing.push_back(*t);
-          hints.push_back((*t)->info.meta);
-        } else {
-          existing.push_back(nullptr);
-          hints.push_back(out.kind == OutputSpec::Kind::kCreate
-                              ? std::optional<kernels::TensorMeta>(out.create)
-                              : std::nullopt);
-        }
-      }
-      absl::StatusOr<kernels::Plan> plan =
-          kernels::Registry::Global().Prepare(spec.kernel, std::move(metas), spec.attrs, hints);
-      if (!plan.ok()) return fail(plan.status());
-      if (!spec.outputs.empty() && spec.outputs.size() != plan->outputs.size()) {
-        return fail(absl::InvalidArgumentError(absl::StrCat(spec.kernel, " has ",
-                                                            plan->outputs.size(), " output(s); ",
-                                                            spec.outputs.size(), " given")));
-      }
-      existing.resize(plan->outputs.size(), nullptr);
-      for (Tensor* t : existing) {
-        resolved[i].outputs.push_back(t == nullptr ? nullptr : t->buffer);
-        resolved[i].output_infos.push_back(t == nullptr ? TensorInfo{} : t->info);
-        if (t != nullptr) pins.Write(*t);
-      }
-      plans.push_back(*std::move(plan));
-    }
-    context = context_;
+    RETURN_IF_ERROR(ResolveLocked(stream, steps, program, pins, resolution));
   }
-
-  // 2. Allocate the new outputs (charged to the quota, all of them at once so that the error
-  //    names the job's whole need) and build the backend's steps, with no lock held:
-  //    allocation may wait for the device.
-  uint64_t new_bytes = 0;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    for (size_t k = 0; k < resolved[i].outputs.size(); ++k) {
-      if (resolved[i].outputs[k] == nullptr) {
-        new_bytes += static_cast<uint64_t>(*kernels::ByteSize(plans[i].outputs[k]));
-      }
-    }
-  }
-  ASSIGN_OR_RETURN(MemoryCharge outputs_charge,
-                   ledger_->Reserve(MemoryUse::kTensors, new_bytes, "for new outputs"));
-  std::vector<Step> exec;
-  std::vector<std::pair<kernels::TensorMeta, std::shared_ptr<DeviceBuffer>>> created;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    Step step;
-    for (size_t k = 0; k < resolved[i].inputs.size(); ++k) {
-      if (resolved[i].inputs[k] != nullptr) {
-        step.inputs.push_back(resolved[i].inputs[k]);
-      } else {
-        const Operand& op = steps[i].inputs[k];
-        step.inputs.push_back(exec[op.step].outputs[op.output]);
-      }
-    }
-    for (size_t k = 0; k < resolved[i].outputs.size(); ++k) {
-      std::shared_ptr<DeviceBuffer> buffer = resolved[i].outputs[k];
-      if (buffer == nullptr) {
-        absl::StatusOr<std::shared_ptr<DeviceBuffer>> fresh =
-            AllocateCharged(plans[i].outputs[k], "for new outputs", &outputs_charge);
-        if (!fresh.ok()) return fresh.status();  // Pins and `created` give everything back
-        buffer = *fresh;
-        created.emplace_back(plans[i].outputs[k], buffer);
-      }
-      step.outputs.push_back(std::move(buffer));
-    }
-    step.plan = std::move(plans[i]);
-    exec.push_back(std::move(step));
-  }
-  const uint64_t scratch = context->ScratchBytes(exec);
-  RETURN_IF_ERROR(ledger_->CheckFitsBesideTensors(scratch, "of scratch the job needs to run"));
-
-  // 3. Commit: the new tensors and the job appear together, and the job joins its stream's
-  //    queue in acceptance order (the scheduler's mutex nests inside mu_).
-  auto job = std::make_shared<Job>();
+  ASSIGN_OR_RETURN(Prepared prepared, Prepare(steps, resolution));
   JobInfo accepted;
   {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckOpen());
-    if (queued_ >= quota_.max_queued_jobs) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("tenant \"", tenant_id_, "\" has ", queued_, " jobs queued (", running_,
-                       " more running); quota.max_queued_jobs is ", quota_.max_queued_jobs,
-                       "; wait for some to finish"));
-    }
-    size_t next_created = 0;
-    for (size_t i = 0; i < steps.size(); ++i) {
-      for (size_t k = 0; k < resolved[i].outputs.size(); ++k) {
-        if (resolved[i].outputs[k] != nullptr) {
-          job->info.outputs.push_back(resolved[i].output_infos[k]);
-          continue;
-        }
-        auto& [meta, buffer] = created[next_created++];
-        ASSIGN_OR_RETURN(TensorInfo info, InsertLocked(meta, buffer));
-        Tensor& t = tensors_.find(info.handle)->second;
-        pins.Write(t);
-        job->info.outputs.push_back(info);
-      }
-    }
-    // Job ids are looked up only in this tenant's table, so a counter serves (tensor
-    // handles, which are shared with clients as capabilities, stay random).
-    job->info.id = absl::StrCat("job_", ++job_counter_);
-    job->info.stream = static_cast<int>(stream);
-    job->info.enqueue_time = absl::Now();
-    job->info.deadline = deadline;
-    job->exec = std::move(exec);
-    pins.Commit(*job);
-    if (on_done != nullptr) job->waiters.push_back(std::move(on_done));
-    jobs_.emplace(job->info.id, job);
-    queued_++;
-    auto ticket = std::make_unique<JobTicket>();
-    ticket->stream = static_cast<int>(stream);
-    ticket->deadline = deadline;
-    ticket->scratch_bytes = scratch;
-    std::weak_ptr<TenantRuntime> weak = weak_from_this();
-    ticket->release = [weak, job](MemoryCharge scratch_charge) {
-      if (std::shared_ptr<TenantRuntime> self = weak.lock()) {
-        self->Run(job, std::move(scratch_charge));
-      }
-    };
-    ticket->drop = [weak, job](absl::Status why) {
-      if (std::shared_ptr<TenantRuntime> self = weak.lock()) self->Drop(job, std::move(why));
-    };
-    job->ticket = queue_->Enqueue(std::move(ticket));
-    accepted = job->info;
+    ASSIGN_OR_RETURN(accepted, CommitLocked(stream, deadline, std::move(prepared), resolution, pins,
+                                            std::move(on_done)));
   }
-  // 4. Release whatever may run now (possibly this job, possibly on this thread).
+  // Release whatever may run now (possibly this job, possibly on this thread).
   scheduler_->Dispatch();
   return accepted;
+}
+
+absl::Status TenantRuntime::ResolveLocked(int64_t stream, const std::vector<LaunchSpec>& steps,
+                                          bool program, Pins& pins, Resolution& r) {
+  RETURN_IF_ERROR(CheckOpen());
+  r.steps.resize(steps.size());
+  if (stream < 0 || stream >= quota_.max_streams) {
+    return absl::InvalidArgumentError(absl::StrCat("stream is ", stream, "; the tenant has ",
+                                                   quota_.max_streams, " streams (0..",
+                                                   quota_.max_streams - 1, ")"));
+  }
+  if (steps.empty() || steps.size() > kMaxProgramSteps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a program has 1..", kMaxProgramSteps, " steps; got ", steps.size()));
+  }
+  if (queued_ >= quota_.max_queued_jobs) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant \"", tenant_id_, "\" has ", queued_, " jobs queued (", running_,
+                     " more running); quota.max_queued_jobs is ", quota_.max_queued_jobs,
+                     "; wait for some to finish"));
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const LaunchSpec& spec = steps[i];
+    auto fail = [&](const absl::Status& s) {
+      return program ? absl::Status(s.code(), absl::StrCat("steps[", i, "] (", spec.kernel,
+                                                           "): ", s.message()))
+                     : s;
+    };
+    std::vector<kernels::TensorMeta> metas;
+    for (size_t k = 0; k < spec.inputs.size(); ++k) {
+      const Operand& op = spec.inputs[k];
+      if (op.step >= 0) {
+        if (static_cast<size_t>(op.step) >= i || op.output < 0 ||
+            static_cast<size_t>(op.output) >= r.plans[op.step].outputs.size()) {
+          return fail(absl::InvalidArgumentError(
+              absl::StrCat("inputs[", k, "] refers to output ", op.output, " of step ", op.step,
+                           ", which is not an earlier step's output")));
+        }
+        metas.push_back(r.plans[op.step].outputs[op.output]);
+        r.steps[i].inputs.push_back(nullptr);
+      } else {
+        absl::StatusOr<Tensor*> t = FindLiveLocked(op.handle);
+        if (!t.ok()) return fail(t.status());
+        metas.push_back((*t)->info.meta);
+        r.steps[i].inputs.push_back((*t)->buffer);
+        pins.Read(**t);
+      }
+    }
+    kernels::OutputHints hints;
+    std::vector<Tensor*> existing;
+    for (size_t k = 0; k < spec.outputs.size(); ++k) {
+      const OutputSpec& out = spec.outputs[k];
+      if (out.kind == OutputSpec::Kind::kHandle) {
+        absl::StatusOr<Tensor*> t = FindLiveLocked(out.handle);
+        if (!t.ok()) return fail(t.status());
+        if ((*t)->transfers > 0) {
+          return fail(InUse(out.handle, "a ReadTensor or WriteTensor in progress"));
+        }
+        for (Tensor* e : existing) {
+          if (e == *t) {
+            return fail(absl::InvalidArgumentError(
+                absl::StrCat("outputs[", k, "] repeats tensor \"", out.handle, "\"")));
+          }
+        }
+        existing.push_back(*t);
+        hints.push_back((*t)->info.meta);
+      } else {
+        existing.push_back(nullptr);
+        hints.push_back(out.kind == OutputSpec::Kind::kCreate
+                            ? std::optional<kernels::TensorMeta>(out.create)
+                            : std::nullopt);
+      }
+    }
+    absl::StatusOr<kernels::Plan> plan =
+        kernels::Registry::Global().Prepare(spec.kernel, std::move(metas), spec.attrs, hints);
+    if (!plan.ok()) return fail(plan.status());
+    if (!spec.outputs.empty() && spec.outputs.size() != plan->outputs.size()) {
+      return fail(
+          absl::InvalidArgumentError(absl::StrCat(spec.kernel, " has ", plan->outputs.size(),
+                                                  " output(s); ", spec.outputs.size(), " given")));
+    }
+    existing.resize(plan->outputs.size(), nullptr);
+    for (Tensor* t : existing) {
+      r.steps[i].outputs.push_back(t == nullptr ? nullptr : t->buffer);
+      r.steps[i].output_infos.push_back(t == nullptr ? TensorInfo{} : t->info);
+      if (t != nullptr) pins.Write(*t);
+    }
+    r.plans.push_back(*std::move(plan));
+  }
+  r.context = context_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TenantRuntime::Prepared> TenantRuntime::Prepare(const std::vector<LaunchSpec>& steps,
+                                                               Resolution& r) {
+  // The new outputs are charged all at once, so that a refusal names the job's whole need.
+  uint64_t new_bytes = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    for (size_t k = 0; k < r.steps[i].outputs.size(); ++k) {
+      if (r.steps[i].outputs[k] == nullptr) {
+        new_bytes += static_cast<uint64_t>(*kernels::ByteSize(r.plans[i].outputs[k]));
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(MemoryCharge charge,
+                   ledger_->Reserve(MemoryUse::kTensors, new_bytes, "for new outputs"));
+  Prepared p;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Step step;
+    for (size_t k = 0; k < r.steps[i].inputs.size(); ++k) {
+      if (r.steps[i].inputs[k] != nullptr) {
+        step.inputs.push_back(r.steps[i].inputs[k]);
+      } else {
+        const Operand& op = steps[i].inputs[k];
+        step.inputs.push_back(p.exec[op.step].outputs[op.output]);
+      }
+    }
+    for (size_t k = 0; k < r.steps[i].outputs.size(); ++k) {
+      std::shared_ptr<DeviceBuffer> buffer = r.steps[i].outputs[k];
+      if (buffer == nullptr) {
+        ASSIGN_OR_RETURN(buffer, AllocateCharged(r.plans[i].outputs[k], "for new outputs",
+                                                 &charge));  // freed with `p` on failure
+        p.created.emplace_back(r.plans[i].outputs[k], buffer);
+      }
+      step.outputs.push_back(std::move(buffer));
+    }
+    step.plan = std::move(r.plans[i]);
+    p.exec.push_back(std::move(step));
+  }
+  p.scratch = r.context->ScratchBytes(p.exec);
+  RETURN_IF_ERROR(ledger_->CheckFitsBesideTensors(p.scratch, "of scratch the job needs to run"));
+  return p;
+}
+
+absl::StatusOr<JobInfo> TenantRuntime::CommitLocked(int64_t stream, absl::Time deadline, Prepared p,
+                                                    const Resolution& r, Pins& pins,
+                                                    JobCallback on_done) {
+  RETURN_IF_ERROR(CheckOpen());
+  RETURN_IF_ERROR(CheckQueueLocked());
+  // The new tensors and the job appear together.
+  auto job = std::make_shared<Job>();
+  size_t next_created = 0;
+  for (size_t i = 0; i < r.steps.size(); ++i) {
+    for (size_t k = 0; k < r.steps[i].outputs.size(); ++k) {
+      if (r.steps[i].outputs[k] != nullptr) {
+        job->info.outputs.push_back(r.steps[i].output_infos[k]);
+        continue;
+      }
+      auto& [meta, buffer] = p.created[next_created++];
+      ASSIGN_OR_RETURN(std::string handle, NewId("tn_"));
+      TensorInfo info{handle, meta, buffer->size(), absl::Now()};
+      job->info.outputs.push_back(info);
+      Tensor& t = tensors_.emplace(handle, Tensor{info, buffer}).first->second;
+      pins.Write(t);
+    }
+  }
+  // Job ids are looked up only in this tenant's table, so a counter serves (tensor handles,
+  // which are shared with clients as capabilities, stay random).
+  job->info.id = absl::StrCat("job_", ++job_counter_);
+  job->info.stream = static_cast<int>(stream);
+  job->info.enqueue_time = absl::Now();
+  job->info.deadline = deadline;
+  job->exec = std::move(p.exec);
+  pins.Commit(*job);
+  if (on_done != nullptr) job->waiters.push_back(std::move(on_done));
+  jobs_.emplace(job->info.id, job);
+  queued_++;
+  // The job joins its stream's queue in acceptance order (the scheduler's mutex nests here).
+  auto ticket = std::make_unique<JobTicket>();
+  ticket->stream = static_cast<int>(stream);
+  ticket->deadline = deadline;
+  ticket->scratch_bytes = p.scratch;
+  std::weak_ptr<TenantRuntime> weak = weak_from_this();
+  ticket->release = [weak, job](MemoryCharge scratch) {
+    if (std::shared_ptr<TenantRuntime> self = weak.lock()) self->Run(job, std::move(scratch));
+  };
+  ticket->drop = [weak, job](absl::Status why) {
+    if (std::shared_ptr<TenantRuntime> self = weak.lock()) self->Drop(job, std::move(why));
+  };
+  job->ticket = queue_->Enqueue(std::move(ticket));
+  return job->info;
 }
 
 void TenantRuntime::Run(const std::shared_ptr<Job>& job, MemoryCharge scratch) {

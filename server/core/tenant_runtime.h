@@ -244,6 +244,20 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
     std::vector<Step> exec;  // handed to the backend at release
   };
   class Pins;  // Submit's RAII rollback
+  struct Resolution;
+  struct Prepared;
+
+  /// Submit's steps: resolve (validate, pin), prepare (allocate, no lock), commit (record,
+  /// enqueue).
+  absl::Status ResolveLocked(int64_t stream, const std::vector<LaunchSpec>& steps, bool program,
+                             Pins& pins, Resolution& resolution) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Prepared> Prepare(const std::vector<LaunchSpec>& steps, Resolution& resolution)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<JobInfo> CommitLocked(int64_t stream, absl::Time deadline, Prepared prepared,
+                                       const Resolution& resolution, Pins& pins,
+                                       JobCallback on_done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// RESOURCE_EXHAUSTED when max_queued_jobs are queued.
+  absl::Status CheckQueueLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   absl::Status CheckOpen() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Tensor*> FindLocked(absl::string_view handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

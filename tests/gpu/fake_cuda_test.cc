@@ -3,12 +3,19 @@
 // them, the MPS client limit, MPS-wide faults and recovery, the launcher's geometry against
 // the CPU backend for the kernels the fake emulates, and a real server process serving on the
 // fake GPU. ctest puts the fake first on LD_LIBRARY_PATH; each test runs in its own process,
-// so the environment each one sets is read by that process's cuInit only.
+// so the environment each one sets is read by that process's cuInit only. Every test ends
+// with no driver misuse and nothing left on the device: no object the backend did not give
+// back (fake_cuda.h), checked after the backend is gone, and for the server at its exit.
+#include "tests/testing/fake_cuda/fake_cuda.h"
+
+#include <csignal>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <cuda.h>
 #include <dlfcn.h>
 
 #include "absl/strings/str_cat.h"
@@ -31,7 +38,9 @@ namespace {
 
 using kernels::DType;
 using kernels::TensorMeta;
+using testing::FakeCudaKind;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 absl::Status RunJob(TenantContext& context, std::vector<Step> steps) {
   return testing::RunSteps(context, std::move(steps), 0, absl::Seconds(30));
@@ -42,25 +51,29 @@ class FakeCudaTest : public ::testing::Test {
   // No MPS unless a test starts the fake daemon: a host's real /tmp/nvidia-mps stays out.
   void SetUp() override { setenv("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent/tessera-no-mps", 1); }
 
+  // After the backend (and every context, destroyed by the test body): no misuse, no leak.
   void TearDown() override {
     backend_.reset();
-    if (driver_ == nullptr) return;
-    auto misuses = reinterpret_cast<int (*)()>(dlsym(driver_, "tessera_fake_cuda_misuses"));
-    ASSERT_NE(misuses, nullptr) << "libcuda.so.1 is not the fake driver";
-    EXPECT_EQ(misuses(), 0) << "driver API misuse (see stderr)";
-    dlclose(driver_);
+    if (!fake_) return;
+    EXPECT_EQ(fake_->misuses(), 0) << "driver API misuse (see stderr)";
+    std::string report;
+    EXPECT_EQ(fake_->Leaks(&report), 0) << "driver objects the backend did not give back:\n"
+                                        << report;
   }
 
   /// The CUDA backend on the fake driver, with `env` set for its cuInit.
   Backend& Cuda(const std::string& mps = "auto",
                 const std::vector<std::pair<std::string, std::string>>& env = {}) {
     for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
+    // Counting starts before the backend loads its kernel libraries (the fake may still be
+    // loaded from an earlier test when the whole binary runs in one process).
+    if (auto loaded = testing::FakeCudaDriver::Loaded()) loaded->Reset();
     absl::StatusOr<BackendChoice> choice = SelectBackend({.backend = "cuda", .mps = mps});
     EXPECT_TRUE(choice.ok()) << choice.status();
     if (!choice.ok()) std::abort();  // every test here needs it
     backend_ = std::move(choice->backend);
-    driver_ = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    EXPECT_NE(driver_, nullptr);
+    fake_ = testing::FakeCudaDriver::Loaded();
+    EXPECT_TRUE(fake_.has_value()) << "libcuda.so.1 is not the fake driver";
     return *backend_;
   }
 
@@ -72,7 +85,7 @@ class FakeCudaTest : public ::testing::Test {
   }
 
   std::unique_ptr<Backend> backend_;
-  void* driver_ = nullptr;
+  std::optional<testing::FakeCudaDriver> fake_;
 };
 
 TEST_F(FakeCudaTest, TheModuleLoadsTheDriverAndListsItsDevices) {
@@ -234,6 +247,145 @@ TEST_F(FakeCudaTest, AnMpsFaultReachesEveryTenantOnTheDeviceAndBothComeBack) {
   }
 }
 
+// ---- nothing left behind -----------------------------------------------------------------
+
+// A tenant whose context goes gives back everything it held on the device while the backend
+// runs on: its context, streams, the events of its jobs and of its copies, pinned staging,
+// device memory and in-place temporaries. Each context kind destroys its own way.
+class FakeCudaTenantChurnTest : public FakeCudaTest,
+                                public ::testing::WithParamInterface<ContextKind> {};
+
+TEST_P(FakeCudaTenantChurnTest, ATenantThatGoesLeavesNothingOnTheDevice) {
+  testing::FakeMps mps;
+  switch (GetParam()) {
+    case ContextKind::kMps:
+      mps.Start();
+      Cuda("auto", {{"CUDA_MPS_PIPE_DIRECTORY", mps.dir()}});
+      break;
+    case ContextKind::kFallback:
+      Cuda("auto", {{"TESSERA_FAKE_CUDA_GREEN", "0"}});
+      break;
+    default:
+      Cuda();
+  }
+  const int64_t n = 1100;  // 4.6 MiB: one chunk of pinned staging
+  auto transpose = *kernels::Registry::Global().Prepare("transpose", {{DType::kF32, {n, n}}}, {});
+  std::vector<float> x(n * n);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 1000);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(absl::StrCat("tenant ", round));
+    auto context = Context(absl::StrCat("churn-", round), 25);
+    ASSERT_NE(context, nullptr);
+    ASSERT_EQ(context->info().kind, GetParam()) << context->info().reason;
+    auto buffer = context->Allocate(x.size() * 4);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    ASSERT_TRUE(context->CopyIn(**buffer, 0, x.data(), x.size() * 4).ok());
+    // In place: staged through a temporary.
+    ASSERT_TRUE(RunJob(*context, {Step{transpose, {*buffer}, {*buffer}}}).ok());
+    float corner = 0;
+    ASSERT_TRUE(context->CopyOut(**buffer, (n - 1) * 4, &corner, 4).ok());
+    EXPECT_EQ(corner, x[(n - 1) * n]);
+  }
+  // Everything but the backend's own kernel libraries. A job's buffers (an in-place temporary
+  // holds the context) go on the completion thread just after its `done`: allow it a moment.
+  auto alive = [&] {
+    long count = 0;
+    for (int k = 0; k < testing::kFakeCudaKinds; ++k) {
+      if (k != static_cast<int>(FakeCudaKind::kLibrary)) {
+        count += fake_->tally(static_cast<FakeCudaKind>(k)).live;
+      }
+    }
+    return count;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (alive() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+  std::string report;
+  EXPECT_EQ(fake_->OutlivedContexts(&report), 0) << report;
+  for (int k = 0; k < testing::kFakeCudaKinds; ++k) {
+    const auto kind = static_cast<FakeCudaKind>(k);
+    if (kind == FakeCudaKind::kLibrary) continue;
+    EXPECT_EQ(fake_->tally(kind).live, 0) << testing::FakeCudaKindName(kind) << "s still alive";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryContextKind, FakeCudaTenantChurnTest,
+                         ::testing::Values(ContextKind::kGreen, ContextKind::kFallback,
+                                           ContextKind::kMps),
+                         [](const ::testing::TestParamInfo<ContextKind>& param) {
+                           return std::string(ContextKindName(param.param));
+                         });
+
+// A job whose submission fails part-way (the driver out of memory for its second event, for
+// the records of its start or end, for its completion callback) gives back what it had made.
+TEST_F(FakeCudaTest, AJobWhoseSubmissionFailsGivesBackItsEvents) {
+  Cuda();
+  auto context = Context("refused-jobs", 25);
+  ASSERT_NE(context, nullptr);
+  auto fill = *kernels::Registry::Global().Prepare(
+      "fill", {}, {{"value", 1.0}, {"shape", std::vector<int64_t>{1024}}});
+  auto buffer = *context->Allocate(4096);
+  const std::vector<std::pair<const char*, int>> failures = {
+      {"cuEventCreate", 1}, {"cuEventRecord", 0}, {"cuEventRecord", 1}, {"cuLaunchHostFunc", 0}};
+  for (const auto& [call, after] : failures) {
+    SCOPED_TRACE(absl::StrCat(call, " after ", after, " more"));
+    fake_->Fail(call, after, CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ(RunJob(*context, {Step{fill, {}, {buffer}}}).code(),
+              absl::StatusCode::kResourceExhausted);
+    EXPECT_TRUE(RunJob(*context, {Step{fill, {}, {buffer}}}).ok());  // not a fault
+  }
+  buffer.reset();
+  context.reset();
+  std::string report;
+  EXPECT_EQ(fake_->OutlivedContexts(&report), 0) << report;
+}
+
+// A context whose creation fails part-way (the driver out of memory for its last stream)
+// gives back what it had made, and so does the backend's next try.
+TEST_F(FakeCudaTest, AContextThatCannotBeCreatedGivesBackWhatItHadMade) {
+  Backend& cuda = Cuda();
+  fake_->Fail("cuGreenCtxStreamCreate", 2, CUDA_ERROR_OUT_OF_MEMORY);
+  auto refused = cuda.CreateContext({"refused", testing::TestQuota(25, 2), 0});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  std::string report;
+  EXPECT_EQ(fake_->OutlivedContexts(&report), 0) << report;
+  EXPECT_EQ(fake_->tally(FakeCudaKind::kGreenContext).live, 0);
+  EXPECT_EQ(fake_->tally(FakeCudaKind::kStream).live, 0);
+  auto context = Context("accepted", 25);  // its SM groups were given back too
+  ASSERT_NE(context, nullptr);
+  EXPECT_THAT(context->info().reason, HasSubstr("SM groups 0-4 of 16"));
+}
+
+TEST_F(FakeCudaTest, AGreenContextRebuiltAfterAFaultLeavesNothingOfTheOldOneBehind) {
+  Cuda();
+  void* module = dlopen(TESSERA_CUDA_MODULE_PATH, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(module, nullptr);
+  auto inject = reinterpret_cast<CudaInjectFault>(dlsym(module, kCudaModuleInjectFault));
+  ASSERT_NE(inject, nullptr);
+  auto context = Context("rebuilt", 25, 2);
+  ASSERT_NE(context, nullptr);
+  ASSERT_EQ(context->info().kind, ContextKind::kGreen) << context->info().reason;
+  auto fill = *kernels::Registry::Global().Prepare(
+      "fill", {}, {{"value", 5.0}, {"shape", std::vector<int64_t>{1024}}});
+  auto lost = *context->Allocate(4096);
+  float value = 0;
+  ASSERT_TRUE(context->CopyOut(*lost, 0, &value, 4).ok());  // pinned staging and its events
+  ASSERT_TRUE(inject(*context, 0).ok());
+  EXPECT_EQ(RunJob(*context, {Step{fill, {}, {lost}}}).code(), absl::StatusCode::kUnavailable);
+  dlclose(module);
+  ASSERT_TRUE(lost->lost());
+  lost.reset();
+  // The next use rebuilds the context; the faulted one is gone, and with it everything it held
+  // that cuGreenCtxDestroy does not free (its streams first of all).
+  auto fresh = context->Allocate(4096);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  ASSERT_TRUE(RunJob(*context, {Step{fill, {}, {*fresh}}}).ok());
+  ASSERT_TRUE(context->CopyOut(**fresh, 4092, &value, 4).ok());
+  EXPECT_EQ(value, 5.0f);
+  std::string report;
+  EXPECT_EQ(fake_->OutlivedContexts(&report), 0) << report;
+  EXPECT_EQ(fake_->tally(FakeCudaKind::kGreenContext).live, 1);
+}
+
 // ---- the launcher's geometry, for the kernels the fake emulates ---------------------------
 
 struct Case {
@@ -379,6 +531,14 @@ TEST_F(FakeCudaTest, TheServerServesOnTheFakeGpuEndToEnd) {
   ASSERT_EQ(bytes->size(), 24u);
   std::memcpy(sum.data(), bytes->data(), 24);
   EXPECT_EQ(sum, (std::vector<float>{2, 4, 6, 8, 10, 12}));
+
+  // An orderly shutdown gives everything back: the fake in the server process prints its
+  // misuses as they happen and its leaks at exit.
+  auto stopped = (*server)->Stop(SIGTERM);
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(*stopped, 0) << (*server)->output();
+  EXPECT_THAT((*server)->output(), Not(HasSubstr("fake libcuda: misuse")));
+  EXPECT_THAT((*server)->output(), Not(HasSubstr("fake libcuda: leak")));
 }
 
 }  // namespace

@@ -49,12 +49,10 @@ double RunJob(TenantContext& context, std::vector<Step> steps) {
   absl::Notification done;
   absl::Status status;
   auto start = Clock::now();
-  context.Enqueue(
-      0, std::move(steps),
-      [&](ExecResult r) {
-        status = r.status;
-        done.Notify();
-      });
+  context.Enqueue(0, std::move(steps), [&](ExecResult r) {
+    status = r.status;
+    done.Notify();
+  });
   done.WaitForNotification();
   double s = Seconds(start, Clock::now());
   if (!status.ok()) {

@@ -1,8 +1,11 @@
 // GPU tests (ctest label `gpu`): the CUDA backend module against the CPU backend's results
 // for the whole kernel catalog, plus contexts, streams, quotas and fault containment. Every
 // test skips, saying why, where the CUDA backend cannot run (no driver, no GPU, no module).
+// On the fake driver (tests/testing/fake_cuda) each test also ends with no driver misuse and
+// no object the backend did not give back.
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +24,7 @@
 #include "server/backend/cuda_module.h"
 #include "server/backend/select.h"
 #include "tests/testing/context_runner.h"
+#include "tests/testing/fake_cuda/fake_cuda.h"
 
 namespace tessera {
 namespace {
@@ -44,6 +48,8 @@ struct Runner {
 class GpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    // On the fake, all tests run in one process: each counts from before its backend loads.
+    if (auto fake = testing::FakeCudaDriver::Loaded()) fake->Reset();
     absl::StatusOr<BackendChoice> choice = SelectBackend({.backend = "cuda", .mps = "auto"});
     if (!choice.ok()) {
       // Where a device is promised (the fake driver's run in CI), not finding one is a failure.
@@ -53,21 +59,19 @@ class GpuTest : public ::testing::Test {
       GTEST_SKIP() << "no CUDA backend here: " << choice.status().message();
     }
     gpu_ = std::move(choice->backend);
-    driver_ = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);  // held past the backend
+    fake_ = testing::FakeCudaDriver::Loaded();  // empty on NVIDIA's driver
     cpu_ = std::make_unique<CpuBackend>(
         CpuBackend::Options{.memory_bytes = 4ull << 30, .worker_threads = 4, .reason = "test"});
   }
 
   void TearDown() override {
     gpu_.reset();
-    if (driver_ == nullptr) return;
-    // The fake driver (tests/testing/fake_cuda) counts driver API misuse; NVIDIA's has no such
-    // symbol.
-    auto misuses = reinterpret_cast<int (*)()>(dlsym(driver_, "tessera_fake_cuda_misuses"));
-    if (misuses != nullptr) {
-      EXPECT_EQ(misuses(), 0) << "driver API misuse (see stderr)";
-    }
-    dlclose(driver_);
+    if (!fake_) return;
+    // The fake driver counts misuse and what the backend, now gone, did not give back.
+    EXPECT_EQ(fake_->misuses(), 0) << "driver API misuse (see stderr)";
+    std::string report;
+    EXPECT_EQ(fake_->Leaks(&report), 0) << "driver objects the backend did not give back:\n"
+                                        << report;
   }
 
   Runner Gpu(uint32_t share = 50, uint32_t streams = 2, const std::string& id = "gpu-tenant") {
@@ -79,7 +83,7 @@ class GpuTest : public ::testing::Test {
 
   std::unique_ptr<Backend> gpu_;
   std::unique_ptr<CpuBackend> cpu_;
-  void* driver_ = nullptr;
+  std::optional<testing::FakeCudaDriver> fake_;
 };
 
 // ---- the catalog against the CPU backend ----------------------------------------------------
@@ -241,18 +245,14 @@ TEST_F(GpuTest, JobsOnOneStreamRunInOrderAndStreamsRunIndependently) {
   std::vector<Step> chain;
   chain.push_back(Step{*fill, {}, {x}});
   for (int i = 0; i < 20; ++i) chain.push_back(Step{*scale, {x}, {x}});
-  r.context->Enqueue(
-      0, std::move(chain), [] { return true; },
-      [&](ExecResult e) {
-        status[0] = e.status;
-        done[0].Notify();
-      });
-  r.context->Enqueue(
-      1, {Step{*fill, {}, {y}}}, [] { return true; },
-      [&](ExecResult e) {
-        status[1] = e.status;
-        done[1].Notify();
-      });
+  r.context->Enqueue(0, std::move(chain), [&](ExecResult e) {
+    status[0] = e.status;
+    done[0].Notify();
+  });
+  r.context->Enqueue(1, {Step{*fill, {}, {y}}}, [&](ExecResult e) {
+    status[1] = e.status;
+    done[1].Notify();
+  });
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(done[i].WaitForNotificationWithTimeout(absl::Seconds(30)));
     EXPECT_TRUE(status[i].ok()) << status[i];

@@ -24,7 +24,7 @@ using ::testing::HasSubstr;
 constexpr int kBlockerElements = 4 << 20;  // 16 MiB of f32
 // How long a blocker keeps its stream busy: long enough for a test's calls behind it, short
 // enough to wait for. Its steps are scaled to the backend's speed, measured in SetUp.
-constexpr absl::Duration kBlockerTime = absl::Milliseconds(1500);
+constexpr absl::Duration kBlockerTime = absl::Seconds(2);
 
 class JobsTest : public ServerTest {
  protected:
@@ -43,13 +43,13 @@ class JobsTest : public ServerTest {
     ones_ = MustCreate(4, std::vector<float>{1, 1, 1, 1});
     target_ = MustCreate(4);
     // Measure a few steps, then size blockers to kBlockerTime (at most a program's 256).
-    blocker_steps_ = 4;
+    blocker_steps_ = 16;
     const absl::Time start = absl::Now();
     auto probe = Blocker(0, /*wait=*/true);
     ASSERT_TRUE(probe.ok()) << probe.status();
     ASSERT_EQ(probe->state(), v1::JOB_STATE_SUCCEEDED) << probe->error_message();
     const absl::Duration per_step = (absl::Now() - start) / blocker_steps_;
-    blocker_steps_ = static_cast<int>(std::clamp<int64_t>(kBlockerTime / per_step, 4, 256));
+    blocker_steps_ = static_cast<int>(std::clamp<int64_t>(kBlockerTime / per_step, 16, 256));
   }
 
   std::string MustCreate(int elements, std::vector<float> values = {}) {

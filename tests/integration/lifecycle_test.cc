@@ -61,7 +61,7 @@ TEST_F(LifecycleTest, RestartRestoresEveryTenant) {
     EXPECT_EQ((*after)[i].SerializeAsString(), (*before)[i].SerializeAsString());
   }
   EXPECT_EQ((*after)[1].labels().at("tier"), "gold");
-  EXPECT_EQ((*after)[0].context().kind(), v1::CONTEXT_KIND_CPU);  // context rebuilt
+  EXPECT_EQ((*after)[0].context().kind(), ExpectedContextKind());  // context rebuilt
   EXPECT_EQ(admin_->GetServerInfo()->devices(0).reserved_bytes(), 4 * kGiB);
 
   auto compute = [&](const std::string& key) {
@@ -149,7 +149,7 @@ TEST_F(LifecycleTest, ReflectionListsAndDescribesTheServices) {
 
 TEST_F(LifecycleTest, SecondServerOnTheSameStateDirIsRefused) {
   auto second =
-      testing::ServerProcess::Start({.state_dir = dir_.File("var"), .args = {"--backend=cpu"}});
+      testing::ServerProcess::Start(testing::OnTestBackend({.state_dir = dir_.File("var")}));
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(second.status().message(), HasSubstr("in use by another tessera-server"));
   EXPECT_TRUE(admin_->GetServerInfo().ok());  // the first is unaffected
@@ -197,8 +197,7 @@ TEST(StartupTest, ClearErrorsForBadConfiguration) {
     std::vector<std::string> args;
     const char* expect;
   };
-  const Case cases[] = {
-      {{"--backend=cuda"}, "--backend=cuda"},
+  std::vector<Case> cases = {
       {{"--backend=cpu", "--mps=require"}, "--mps=require"},
       {{"--backend=gpu"}, "allowed values are auto, cpu, cuda"},
       {{"--log_format=xml"}, "--log_format=xml"},
@@ -207,8 +206,13 @@ TEST(StartupTest, ClearErrorsForBadConfiguration) {
       {{"--tls_cert=/nonexistent.pem"}, "--tls_cert and --tls_key must be given together"},
       {{"--tls_cert=/nonexistent.pem", "--tls_key=/nonexistent.key"}, "cannot read"},
   };
+  // The CPU runs have no CUDA driver, so asking for CUDA there is an error.
+  if (testing::BackendUnderTest().name == "cpu") {
+    cases.push_back({{"--backend=cuda"}, "--backend=cuda: no CUDA driver"});
+  }
   for (const Case& c : cases) {
-    auto server = testing::ServerProcess::Start({.state_dir = dir.File("var"), .args = c.args});
+    auto server = testing::ServerProcess::Start(
+        testing::OnTestBackend({.state_dir = dir.File("var"), .args = c.args}));
     ASSERT_FALSE(server.ok()) << c.expect;
     EXPECT_THAT(server.status().message(), HasSubstr(c.expect));
   }
@@ -216,21 +220,24 @@ TEST(StartupTest, ClearErrorsForBadConfiguration) {
 
 TEST(StartupTest, PrintsTokenPathAndAGrpcurlLine) {
   testing::TempDir dir;
-  auto server = testing::ServerProcess::Start({.state_dir = dir.File("var"), .args = {}});
+  // No --backend: auto picks the backend under test, as the CPU runs have no CUDA driver and
+  // the CUDA ones have one.
+  auto server = testing::ServerProcess::Start(
+      {.state_dir = dir.File("var"), .env = testing::BackendUnderTest().env});
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_TRUE(server->get()->WaitForOutput("try: grpcurl", absl::Seconds(10)));
   std::string out = (*server)->output();
   EXPECT_THAT(out, HasSubstr(dir.File("var") + "/admin.token (generated now)"));
   EXPECT_THAT(out, HasSubstr("grpcurl -plaintext -H \"authorization: Bearer $(cat "));
   EXPECT_THAT(out, HasSubstr("tessera.v1.TenantAdmin/GetServerInfo"));
-  EXPECT_THAT(out, HasSubstr("backend cpu"));  // auto picked the CPU backend here
+  EXPECT_THAT(out, HasSubstr("backend " + testing::BackendUnderTest().name));
 }
 
 TEST(StartupTest, AdminTokenFromTheEnvironment) {
   testing::TempDir dir;
   const std::string token = "operator-supplied-token-123";
-  auto server = testing::ServerProcess::Start(
-      {.state_dir = dir.File("var"), .args = {}, .env = {{"TESSERA_ADMIN_TOKEN", token}}});
+  auto server = testing::ServerProcess::Start(testing::OnTestBackend(
+      {.state_dir = dir.File("var"), .env = {{"TESSERA_ADMIN_TOKEN", token}}}));
   ASSERT_TRUE(server.ok()) << server.status();
   auto with_env = Client::Connect({.address = (*server)->address(), .token = token});
   EXPECT_TRUE((*with_env)->GetServerInfo().ok());

@@ -37,12 +37,11 @@ std::string PathWithFake() {
 class MpsTest : public ::testing::Test {
  protected:
   void Start(std::vector<std::string> extra, std::map<std::string, std::string> env = {}) {
-    std::vector<std::string> args = {"--backend=cpu", "--cpu_memory_bytes=8GiB",
-                                     "--log_level=warn"};
+    std::vector<std::string> args = {"--log_level=warn"};
     args.insert(args.end(), extra.begin(), extra.end());
     env["PATH"] = PathWithFake();
-    auto server =
-        testing::ServerProcess::Start({.state_dir = dir_.File("var"), .args = args, .env = env});
+    auto server = testing::ServerProcess::Start(
+        testing::OnTestBackend({.state_dir = dir_.File("var"), .args = args, .env = env}));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     auto client = Client::Connect({.address = server_->address(),

@@ -37,11 +37,11 @@ openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 
   static void TearDownTestSuite() { delete certs_; }
 
   std::unique_ptr<testing::ServerProcess> Start(bool mutual) {
-    std::vector<std::string> args = {"--backend=cpu", "--cpu_memory_bytes=1GiB",
-                                     "--tls_cert=" + certs_->File("server.pem"),
+    std::vector<std::string> args = {"--tls_cert=" + certs_->File("server.pem"),
                                      "--tls_key=" + certs_->File("server.key")};
     if (mutual) args.push_back("--tls_client_ca=" + certs_->File("ca.pem"));
-    auto server = testing::ServerProcess::Start({.state_dir = state_.File("var"), .args = args});
+    auto server = testing::ServerProcess::Start(
+        testing::OnTestBackend({.state_dir = state_.File("var"), .args = args}));
     EXPECT_TRUE(server.ok()) << server.status();
     return server.ok() ? *std::move(server) : nullptr;
   }

@@ -33,12 +33,10 @@ inline absl::Status RunSteps(TenantContext& context, std::vector<Step> steps, in
                              absl::Duration timeout = absl::Seconds(60)) {
   auto done = std::make_shared<absl::Notification>();
   auto result = std::make_shared<absl::Status>();
-  context.Enqueue(
-      stream, std::move(steps), [] { return true; },
-      [done, result](ExecResult r) {
-        *result = std::move(r.status);
-        done->Notify();
-      });
+  context.Enqueue(stream, std::move(steps), [done, result](ExecResult r) {
+    *result = std::move(r.status);
+    done->Notify();
+  });
   if (!done->WaitForNotificationWithTimeout(timeout)) {
     return absl::DeadlineExceededError("the job did not finish in time");
   }

@@ -15,21 +15,33 @@ namespace tessera::testing {
 
 inline constexpr uint64_t kGiB = uint64_t{1} << 30;
 
-/// Starts a real tessera-server (CPU backend, 8 GiB capacity) on a loopback port with a
-/// temporary state directory for each test.
+/// Starts a real tessera-server on the backend under test (BackendUnderTest: the CPU or the
+/// CUDA module, 8 GiB of device memory either way) on a loopback port with a temporary state
+/// directory for each test.
 class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override { StartServer(); }
 
   /// (Re)starts the server on the same state directory with `extra_args`.
   void StartServer(std::vector<std::string> extra_args = {}) {
-    std::vector<std::string> args = {"--backend=cpu", "--cpu_memory_bytes=8GiB",
-                                     "--log_level=warn"};
+    std::vector<std::string> args = {"--log_level=warn"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
-    auto server = ServerProcess::Start({.state_dir = dir_.File("var"), .args = args});
+    auto server =
+        ServerProcess::Start(OnTestBackend({.state_dir = dir_.File("var"), .args = args}));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     admin_ = ClientWith(server_->AdminToken());
+  }
+
+  /// The backend every server of this test runs on.
+  static const TestBackend& backend() { return BackendUnderTest(); }
+  static bool OnCpu() { return backend().name == "cpu"; }
+  /// The context a tenant with `share_percent` gets: a CPU one on the CPU backend; on the
+  /// CUDA one (with no MPS daemon and a driver with green contexts, as the fake driver is), a
+  /// plain context for the whole device and a green one for a part of it.
+  static v1::ContextKind ExpectedContextKind(uint32_t share_percent = 100) {
+    if (OnCpu()) return v1::CONTEXT_KIND_CPU;
+    return share_percent >= 100 ? v1::CONTEXT_KIND_FALLBACK : v1::CONTEXT_KIND_GREEN;
   }
 
   std::unique_ptr<Client> ClientWith(const std::string& token) const {

@@ -1,6 +1,7 @@
 #include "tests/testing/server_process.h"
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -87,6 +88,29 @@ std::optional<int> WaitUntil(pid_t pid, absl::Time deadline) {
 
 const char* ServerBinary() { return TESSERA_SERVER_BIN; }
 const char* CliBinary() { return TESSERA_CLI_BIN; }
+
+const TestBackend& BackendUnderTest() {
+  static const TestBackend* const backend = [] {
+    const char* env = std::getenv("TESSERA_TEST_BACKEND");
+    const std::string name = env == nullptr || *env == '\0' ? "cpu" : env;
+    auto* b = new TestBackend{.name = name, .args = {absl::StrCat("--backend=", name)}};
+    if (name == "cpu") {
+      b->args.push_back(absl::StrCat("--cpu_memory_bytes=", kTestDeviceMemoryBytes));
+    } else if (name == "cuda") {
+      // The fake driver's device size (a real GPU has its own and ignores this).
+      b->env["TESSERA_FAKE_CUDA_MEMORY_MIB"] = absl::StrCat(kTestDeviceMemoryBytes >> 20);
+    }
+    return b;
+  }();
+  return *backend;
+}
+
+ServerProcess::Options OnTestBackend(ServerProcess::Options options) {
+  const TestBackend& backend = BackendUnderTest();
+  options.args.insert(options.args.begin(), backend.args.begin(), backend.args.end());
+  options.env.insert(backend.env.begin(), backend.env.end());  // keeps the test's entries
+  return options;
+}
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(Options options) {
   std::vector<std::string> argv;

@@ -1,6 +1,7 @@
 #ifndef TESSERA_TESTS_TESTING_SERVER_PROCESS_H_
 #define TESSERA_TESTS_TESTING_SERVER_PROCESS_H_
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -73,6 +74,28 @@ class ServerProcess {
   bool eof_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reader_;
 };
+
+/// Device memory that every backend under test offers: 8 GiB.
+inline constexpr uint64_t kTestDeviceMemoryBytes = uint64_t{8} << 30;
+
+/// The backend that the integration suite runs its servers on, from $TESSERA_TEST_BACKEND:
+/// "cpu" (the default) or "cuda" (the CUDA module; in CI on the fake driver, which ctest puts
+/// first on LD_LIBRARY_PATH). tests/CMakeLists.txt registers the suite once per backend, so
+/// tests take their server's flags from here (OnTestBackend) and never name a backend.
+struct TestBackend {
+  /// The backend's name as GetServerInfo reports it and --backend takes it.
+  std::string name;
+  /// Flags selecting it with kTestDeviceMemoryBytes of device memory. Any other value of
+  /// $TESSERA_TEST_BACKEND is passed on as --backend, which the server refuses clearly.
+  std::vector<std::string> args;
+  /// Environment the server needs for it.
+  std::map<std::string, std::string> env;
+};
+/// Read once; thread-safe.
+const TestBackend& BackendUnderTest();
+/// `options` on the backend under test: its flags go first (flags in `options.args` come
+/// later and win) and its environment is added (entries in `options.env` win).
+ServerProcess::Options OnTestBackend(ServerProcess::Options options);
 
 /// Runs a command to completion (bounded by `timeout`), returning its exit code and output.
 struct CommandResult {

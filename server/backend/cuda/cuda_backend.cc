@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <utility>
 
 #include <stdlib.h>
 
@@ -110,6 +111,39 @@ class CudaBuffer final : public DeviceBuffer {
 
 void CUDA_CB WakeBackend(void* backend);
 
+// A job's start and end events; destroyed with the job, with its context current (the
+// caller's ScopedContext), unless the context was destroyed first (Abandon).
+class EventPair {
+ public:
+  explicit EventPair(const Driver& driver) : driver_(&driver) {}
+  EventPair(EventPair&& other) noexcept
+      : driver_(other.driver_),
+        start(std::exchange(other.start, nullptr)),
+        end(std::exchange(other.end, nullptr)) {}
+  EventPair& operator=(EventPair&&) = delete;
+  ~EventPair() { Reset(); }
+
+  CUresult Create() {
+    CUresult r = driver_->cuEventCreate(&start, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) r = driver_->cuEventCreate(&end, CU_EVENT_DEFAULT);
+    return r;
+  }
+  void Reset() {
+    if (start != nullptr) driver_->cuEventDestroy(start);
+    if (end != nullptr) driver_->cuEventDestroy(end);
+    Abandon();
+  }
+  /// Forgets events whose context is already destroyed (they went with it).
+  void Abandon() { start = end = nullptr; }
+
+ private:
+  const Driver* driver_;
+
+ public:
+  CUevent start = nullptr;
+  CUevent end = nullptr;
+};
+
 // "0-4, 7, 9-10".
 std::string GroupList(const std::vector<int>& groups) {
   std::string out;
@@ -137,6 +171,18 @@ class CudaContext final : public TenantContext {
     std::vector<std::shared_ptr<DeviceBuffer>> temps;
   };
 
+  /// Calls each finished job's callback after releasing what the job held (its buffers and
+  /// temporaries), so that a context the callback destroys has nothing of it left; no lock
+  /// may be held.
+  static void Deliver(std::vector<Finished>& finished) {
+    for (Finished& f : finished) {
+      f.steps.clear();
+      f.temps.clear();
+      std::move(f.done)(std::move(f.result));
+    }
+    finished.clear();
+  }
+
   CudaContext(CudaBackend* backend, ContextRequest request, ContextPlan plan)
       : backend_(backend),
         driver_(*backend->driver_),
@@ -158,7 +204,7 @@ class CudaContext final : public TenantContext {
       }
       PollLocked(finished);
     }
-    for (Finished& f : finished) std::move(f.done)(std::move(f.result));
+    Deliver(finished);
   }
 
   const ContextInfo& info() const override { return info_; }
@@ -261,7 +307,7 @@ class CudaContext final : public TenantContext {
       absl::MutexLock lock(&mu_);
       EnqueueLocked(stream, std::move(steps), std::move(done), failed);
     }
-    for (Finished& f : failed) std::move(f.done)(std::move(f.result));
+    Deliver(failed);
     backend_->Wake();
   }
 
@@ -311,9 +357,9 @@ class CudaContext final : public TenantContext {
 
  private:
   struct Pending {
+    explicit Pending(const Driver& driver) : events(driver) {}
     std::shared_ptr<Incarnation> inc;
-    CUevent start = nullptr;
-    CUevent end = nullptr;
+    EventPair events;
     std::vector<Step> steps;
     std::vector<std::shared_ptr<DeviceBuffer>> temps;
     absl::AnyInvocable<void(ExecResult) &&> done;
@@ -562,15 +608,15 @@ class CudaContext final : public TenantContext {
     }
     Incarnation& current = **inc;
     ScopedContext scoped(driver_, current.context);
-    Pending p;
+    Pending p(driver_);  // its events are destroyed on every early return
     p.inc = *inc;
     p.done = std::move(done);
     CUstream s = current.streams.at(static_cast<size_t>(stream) % current.streams.size());
-    CUresult r = driver_.cuEventCreate(&p.start, CU_EVENT_DEFAULT);
-    if (r == CUDA_SUCCESS) r = driver_.cuEventCreate(&p.end, CU_EVENT_DEFAULT);
-    if (r == CUDA_SUCCESS) r = driver_.cuEventRecord(p.start, s);
+    CUresult r = p.events.Create();
+    if (r == CUDA_SUCCESS) r = driver_.cuEventRecord(p.events.start, s);
     if (r != CUDA_SUCCESS) {
       absl::Status status = Failed(r, "starting a job");
+      if (current.lost.load()) p.events.Abandon();
       failed.push_back({std::move(p.done), ExecResult{status, 0}});
       return;
     }
@@ -582,14 +628,17 @@ class CudaContext final : public TenantContext {
       }
     }
     if (current.lost.load()) {  // a sticky error while launching: the job is already failed
-      failed.push_back({std::move(p.done), p.result});
+      p.events.Abandon();       // destroyed with the context
+      failed.push_back({std::move(p.done), p.result, std::move(steps), std::move(p.temps)});
       return;
     }
-    r = driver_.cuEventRecord(p.end, s);
+    r = driver_.cuEventRecord(p.events.end, s);
     if (r == CUDA_SUCCESS) r = driver_.cuLaunchHostFunc(s, WakeBackend, backend_);
     if (r != CUDA_SUCCESS) {
       absl::Status status = Failed(r, "finishing a job");
-      failed.push_back({std::move(p.done), ExecResult{status, 0}});
+      if (current.lost.load()) p.events.Abandon();
+      failed.push_back(
+          {std::move(p.done), ExecResult{status, 0}, std::move(steps), std::move(p.temps)});
       return;
     }
     p.steps = std::move(steps);
@@ -657,7 +706,7 @@ class CudaContext final : public TenantContext {
         Pending& p = queue.front();
         if (p.inc->lost.load()) break;  // failed by FaultLocked
         ScopedContext scoped(driver_, p.inc->context);
-        CUresult r = driver_.cuEventQuery(p.end);
+        CUresult r = driver_.cuEventQuery(p.events.end);
         if (r == CUDA_ERROR_NOT_READY) break;
         if (r != CUDA_SUCCESS) {
           if (ClassifyCudaError(r).sticky) {
@@ -667,13 +716,12 @@ class CudaContext final : public TenantContext {
           p.result = ExecResult{driver_.Check(r, "running a job"), 0};
         } else {
           float ms = 0;
-          if (driver_.cuEventElapsedTime(&ms, p.start, p.end) == CUDA_SUCCESS) {
+          if (driver_.cuEventElapsedTime(&ms, p.events.start, p.events.end) == CUDA_SUCCESS) {
             p.result.run_time = absl::Microseconds(static_cast<int64_t>(ms * 1000.0f));
             busy_ += p.result.run_time;
           }
         }
-        driver_.cuEventDestroy(p.start);
-        driver_.cuEventDestroy(p.end);
+        p.events.Reset();
         finished.push_back(
             {std::move(p.done), std::move(p.result), std::move(p.steps), std::move(p.temps)});
         queue.pop_front();
@@ -690,12 +738,16 @@ class CudaContext final : public TenantContext {
         driver_.Check(error, absl::StrCat("tenant ", request_.tenant_id,
                                           "'s GPU context on device ", request_.device_index));
     spdlog::warn("{}", status.message());
-    for (auto& queue : pending_) {
-      for (Pending& p : queue) {
-        finished.push_back(
-            {std::move(p.done), ExecResult{status, 0}, std::move(p.steps), std::move(p.temps)});
+    {
+      // The queued jobs' events go before the context: a green context's would outlive it.
+      ScopedContext scoped(driver_, current_->context);
+      for (auto& queue : pending_) {
+        for (Pending& p : queue) {
+          finished.push_back(
+              {std::move(p.done), ExecResult{status, 0}, std::move(p.steps), std::move(p.temps)});
+        }
+        queue.clear();
       }
-      queue.clear();  // events die with the context
     }
     current_->Destroy();
     unreported_fault_ = error;
@@ -946,7 +998,7 @@ void CudaBackend::CompletionLoop() {
         errors.push_back(r);
       }
     });
-    for (CudaContext::Finished& f : finished) std::move(f.done)(std::move(f.result));
+    CudaContext::Deliver(finished);
     for (size_t i = 0; i < faulted.size(); ++i) OnDeviceFault(faulted[i], errors[i]);
   }
 }
@@ -970,7 +1022,7 @@ void CudaBackend::OnDeviceFault(int device, CUresult error) {
   ForEachContext([&](CudaContext& c) {
     if (c.device() == device) c.CheckSticky(finished);
   });
-  for (CudaContext::Finished& f : finished) std::move(f.done)(std::move(f.result));
+  CudaContext::Deliver(finished);
 }
 
 }  // namespace tessera::cuda

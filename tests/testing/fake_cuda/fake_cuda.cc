@@ -12,6 +12,34 @@
 // nothing pushed. Each such misuse is printed to stderr and counted
 // (tessera_fake_cuda_misuses); tests assert the count stays zero.
 //
+// Object accounting: every object the driver hands out with a destroy call of its own
+// (contexts plain and green, streams, events, device and pinned host allocations, libraries)
+// is counted from creation until it ends, and how it ended is recorded, so that tests fail on
+// leaks (tests/testing/fake_cuda/fake_cuda.h reads the counts; a process that still has any
+// at exit prints them to stderr as "fake libcuda: leak: ..." lines). Ending by its own
+// destroy call is the only clean end. An object still alive when its context is destroyed
+// ends with the context, and which fate it gets follows the driver's documented semantics:
+//   - cuCtxDestroy of a healthy context frees its streams, events and memory (cuda.h says so):
+//     "freed with context". Legal, but the caller forgot them, and a server that relies on
+//     it holds them for the context's whole life; the tests count it as a leak.
+//   - cuGreenCtxDestroy frees none of them: cuda.h says streams must be destroyed first or
+//     leak (and cuStreamDestroy afterwards fails), and memory and events made while the green
+//     context was current belong to the device's primary context, which lives while any green
+//     context on the device does: "outlived green context", a real leak in a long-lived
+//     process that rebuilds or replaces green contexts.
+//   - A context faulted by a sticky error can do nothing but be destroyed, and that frees
+//     what it held: "freed after fault", not a leak. Except for a green context's streams,
+//     which must be destroyed even then and still count as outlived.
+// The fake frees the memory in every case (so that one leak does not exhaust the device for
+// the tests after it) and stops a dead context's stream threads; the counts are the signal.
+// Objects without a destroy call of their own are not counted: kernels (they go with their
+// library), resource descriptors, and the primary context green contexts retain (the fake has
+// none; what a green context makes counts against the green context).
+//
+// Failure injection (tessera_fake_cuda_fail): a test makes one later call of an entry point
+// that creates an object or finishes a job's submission fail, to check what the caller gives
+// back on its error paths.
+//
 // Steered by the environment, read at cuInit:
 //   TESSERA_FAKE_CUDA_DEVICES   devices (default 1; 0: cuInit fails with no device)
 //   TESSERA_FAKE_CUDA_SMS       SMs per device (default 132)
@@ -25,7 +53,10 @@
 // up to an even count), at most 48 (16 before Volta) live per device, and a fatal fault is
 // reported to every context on the device; new contexts there get
 // CUDA_ERROR_MPS_SERVER_NOT_READY until all of the faulted ones are destroyed.
+#include "tests/testing/fake_cuda/fake_cuda.h"
+
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -44,6 +75,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <cuda.h>
@@ -56,6 +88,8 @@
 
 namespace tc = ::tessera_cuda;
 using Clock = std::chrono::steady_clock;
+using ::tessera::testing::FakeCudaKind;
+using ::tessera::testing::FakeCudaTally;
 
 struct CUctx_st;
 
@@ -95,6 +129,17 @@ struct Allocation {
   CUctx_st* context;
 };
 
+// How a counted object ended when not by its own destroy call (see the top of this file).
+enum class Fate { kFreedWithContext, kOutlivedGreenContext, kFreedAfterFault };
+
+// A live counted object.
+struct Tracked {
+  FakeCudaKind kind;
+  const CUctx_st* owner;  // whose destruction ends it; null for contexts and libraries
+  const char* origin;     // the call that made it, for the report
+  uint64_t generation;    // counted only while it equals Global::generation
+};
+
 struct Global {
   std::mutex mu;
   bool initialized = false;
@@ -103,6 +148,15 @@ struct Global {
   std::vector<Device> devices;
   std::map<uintptr_t, Allocation> allocations;  // device memory by start address
   std::set<CUctx_st*> contexts;                 // live ones
+  // Object accounting since the last reset (tessera_fake_cuda_reset bumps `generation`).
+  uint64_t generation = 0;
+  std::map<const void*, Tracked> live;  // by handle (device memory: by address)
+  std::array<long, tessera::testing::kFakeCudaKinds> created{};
+  std::map<std::tuple<FakeCudaKind, std::string, Fate>, long> ended;  // not by their own call
+  // An injected failure: the call of `fail_call` after `fail_after` more succeed fails.
+  std::string fail_call;
+  int fail_after = 0;
+  CUresult fail_error = CUDA_SUCCESS;
 };
 
 Global& G() {
@@ -178,6 +232,114 @@ namespace {
 thread_local std::vector<CUctx_st*> t_current;
 
 CUctx_st* Current() { return t_current.empty() ? nullptr : t_current.back(); }
+
+// ---- object accounting (see the top of this file) ----------------------------------------
+
+// Counts `handle` live from now on; G().mu held.
+void TrackLocked(FakeCudaKind kind, const void* handle, const CUctx_st* owner, const char* origin) {
+  Global& g = G();
+  g.live[handle] = Tracked{kind, owner, origin, g.generation};
+  ++g.created[static_cast<size_t>(kind)];
+}
+
+void Track(FakeCudaKind kind, const void* handle, const CUctx_st* owner, const char* origin) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  TrackLocked(kind, handle, owner, origin);
+}
+
+// Ends `handle` by its own destroy call; false when it is not a live object of `kind` (the
+// caller reports the misuse). G().mu held.
+bool UntrackLocked(FakeCudaKind kind, const void* handle) {
+  Global& g = G();
+  auto it = g.live.find(handle);
+  if (it == g.live.end() || it->second.kind != kind) return false;
+  g.live.erase(it);
+  return true;
+}
+
+// Ends what `c` still holds as it is destroyed, each with its fate; frees pinned host memory
+// (device memory is freed by the caller). G().mu held.
+void EndChildrenLocked(const CUctx_st* c) {
+  Global& g = G();
+  const bool faulted = c->sticky.load() != CUDA_SUCCESS;
+  for (auto it = g.live.begin(); it != g.live.end();) {
+    const Tracked& t = it->second;
+    if (t.owner != c) {
+      ++it;
+      continue;
+    }
+    Fate fate = c->green ? Fate::kOutlivedGreenContext : Fate::kFreedWithContext;
+    if (faulted && !(c->green && t.kind == FakeCudaKind::kStream)) fate = Fate::kFreedAfterFault;
+    if (t.generation == g.generation) ++g.ended[{t.kind, t.origin, fate}];
+    if (t.kind == FakeCudaKind::kHostMemory) std::free(const_cast<void*>(it->first));
+    it = g.live.erase(it);
+  }
+}
+
+// "3 streams" ("1 library", "2 libraries").
+std::string Count(long n, FakeCudaKind kind) {
+  std::string name = tessera::testing::FakeCudaKindName(kind);
+  if (n != 1) name = name.back() == 'y' ? name.substr(0, name.size() - 1) + "ies" : name + "s";
+  return std::to_string(n) + " " + name;
+}
+
+// The leak report (fake_cuda.h, FakeCudaLeaksFn): appends its lines to `text`, returns how
+// many objects leaked.
+long LeakReport(bool count_live, std::string& text) {
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  long leaks = 0;
+  if (count_live) {
+    std::map<std::pair<FakeCudaKind, std::string>, long> live;
+    for (const auto& [handle, t] : g.live) {
+      if (t.generation == g.generation) ++live[{t.kind, t.origin}];
+    }
+    for (const auto& [key, n] : live) {
+      leaks += n;
+      text += "fake libcuda: leak: " + Count(n, key.first) + " from " + key.second +
+              " still alive (never destroyed)\n";
+    }
+  }
+  for (const auto& [key, n] : g.ended) {
+    const auto& [kind, origin, fate] = key;
+    const std::string what = Count(n, kind) + " from " + origin;
+    switch (fate) {
+      case Fate::kFreedWithContext:
+        leaks += n;
+        text += "fake libcuda: leak: " + what +
+                " still alive when cuCtxDestroy destroyed their context, which freed them "
+                "(destroy them first)\n";
+        break;
+      case Fate::kOutlivedGreenContext:
+        leaks += n;
+        text += "fake libcuda: leak: " + what +
+                " outlived their green context: cuGreenCtxDestroy frees none of them (destroy "
+                "them first)\n";
+        break;
+      case Fate::kFreedAfterFault:
+        text += "fake libcuda: note: " + what + " freed with their faulted context\n";
+        break;
+    }
+  }
+  return leaks;
+}
+
+// The injected failure for `call`, once its turn comes (CUDA_SUCCESS otherwise).
+CUresult Injected(const char* call) {
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.fail_error == CUDA_SUCCESS || g.fail_call != call) return CUDA_SUCCESS;
+  if (g.fail_after-- > 0) return CUDA_SUCCESS;
+  const CUresult error = g.fail_error;
+  g.fail_error = CUDA_SUCCESS;
+  return error;
+}
+
+// A process that exits with leaks says so, like a misuse (the fake is never unloaded before).
+__attribute__((destructor)) void ReportLeaksAtExit() {
+  std::string text;
+  if (LeakReport(true, text) > 0) std::fputs(text.c_str(), stderr);
+}
 
 // A sticky error in `context`; under MPS every context on the device gets it too.
 void Fault(CUctx_st* context, CUresult error) {
@@ -380,6 +542,8 @@ CUresult NewContext(CUdevice dev, int sms, bool green, CUctx_st** out) {
   c->sms = sms;
   c->green = green;
   g.contexts.insert(c);
+  TrackLocked(green ? FakeCudaKind::kGreenContext : FakeCudaKind::kContext, c, nullptr,
+              green ? "cuGreenCtxCreate" : "cuCtxCreate");
   *out = c;
   return CUDA_SUCCESS;
 }
@@ -439,6 +603,8 @@ CUresult DestroyContext(CUctx_st* c) {
   if (g.mps) --d.mps_clients;
   if (c->counted_fault) --d.faulted_alive;
   g.contexts.erase(c);
+  UntrackLocked(c->green ? FakeCudaKind::kGreenContext : FakeCudaKind::kContext, c);
+  EndChildrenLocked(c);
   for (CUctx_st*& entry : t_current) {
     if (entry == c) entry = nullptr;  // the real driver leaves such a stack entry invalid
   }
@@ -587,7 +753,8 @@ CUresult Fake_cuGreenCtxDestroy(CUgreenCtx green) {
 
 // ---- streams and events --------------------------------------------------------------------
 
-CUresult NewStream(CUctx_st* c, unsigned int flags, int priority, CUstream* out) {
+CUresult NewStream(CUctx_st* c, unsigned int flags, int priority, const char* origin,
+                   CUstream* out) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (flags != CU_STREAM_DEFAULT && flags != CU_STREAM_NON_BLOCKING) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -599,6 +766,7 @@ CUresult NewStream(CUctx_st* c, unsigned int flags, int priority, CUstream* out)
   {
     std::lock_guard<std::mutex> lock(G().mu);
     c->streams.push_back(s);
+    TrackLocked(FakeCudaKind::kStream, s, c, origin);
   }
   *out = s;
   return CUDA_SUCCESS;
@@ -607,20 +775,38 @@ CUresult NewStream(CUctx_st* c, unsigned int flags, int priority, CUstream* out)
 CUresult Fake_cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int priority) {
   CUctx_st* c = nullptr;
   if (CUresult r = RequireCurrent("cuStreamCreateWithPriority", &c); r != CUDA_SUCCESS) return r;
-  return NewStream(c, flags, priority, stream);
+  if (CUresult r = Injected("cuStreamCreateWithPriority"); r != CUDA_SUCCESS) return r;
+  return NewStream(c, flags, priority, "cuStreamCreateWithPriority", stream);
 }
 
 CUresult Fake_cuGreenCtxStreamCreate(CUstream* stream, CUgreenCtx green, unsigned int flags,
                                      int priority) {
   if (green == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;  // required flag
-  return NewStream(green->context, flags, priority, stream);
+  if (CUresult r = Injected("cuGreenCtxStreamCreate"); r != CUDA_SUCCESS) return r;
+  return NewStream(green->context, flags, priority, "cuGreenCtxStreamCreate", stream);
 }
 
 CUresult Fake_cuStreamDestroy(CUstream stream) {
   if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (stream->context->destroyed.load()) {
+    // cuda.h: after cuGreenCtxDestroy, cuStreamDestroy of its streams fails and they leak; a
+    // plain context's streams went with it (the handle is stale).
+    if (stream->context->green) {
+      Misuse(
+          "cuStreamDestroy after cuGreenCtxDestroy of the stream's green context (destroy "
+          "the streams first; this one has leaked)");
+      return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    Misuse("cuStreamDestroy of a stream whose context was destroyed (and freed it)");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
   {
     std::lock_guard<std::mutex> lock(G().mu);
+    if (!UntrackLocked(FakeCudaKind::kStream, stream)) {
+      Misuse("cuStreamDestroy of a stream destroyed before");
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
     auto& streams = stream->context->streams;
     streams.erase(std::remove(streams.begin(), streams.end(), stream), streams.end());
   }
@@ -651,6 +837,7 @@ CUresult Fake_cuStreamQuery(CUstream stream) {
 
 CUresult Fake_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* data) {
   if (CUresult r = StreamIn(stream, "cuLaunchHostFunc"); r != CUDA_SUCCESS) return r;
+  if (CUresult r = Injected("cuLaunchHostFunc"); r != CUDA_SUCCESS) return r;
   stream->Enqueue([fn, data] {
     fn(data);
     return CUDA_SUCCESS;
@@ -661,16 +848,27 @@ CUresult Fake_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* data) {
 CUresult Fake_cuEventCreate(CUevent* event, unsigned int flags) {
   CUctx_st* c = nullptr;
   if (CUresult r = RequireCurrent("cuEventCreate", &c); r != CUDA_SUCCESS) return r;
+  if (CUresult r = Injected("cuEventCreate"); r != CUDA_SUCCESS) return r;
   auto* e = new CUevent_st();
   e->context = c;
   e->timing = (flags & CU_EVENT_DISABLE_TIMING) == 0;
+  // The flags tell the backend's events apart in the report (jobs time theirs).
+  Track(FakeCudaKind::kEvent, e, c,
+        e->timing ? "cuEventCreate" : "cuEventCreate(CU_EVENT_DISABLE_TIMING)");
   *event = e;
   return CUDA_SUCCESS;
 }
 
 CUresult Fake_cuEventDestroy(CUevent event) {
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  // Kept alive: a stream may still be about to pass its record (the real driver defers too).
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (!UntrackLocked(FakeCudaKind::kEvent, event)) {
+    Misuse("cuEventDestroy of an event %s",
+           event->context->destroyed.load() ? "whose context was destroyed" : "destroyed before");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  // The struct is kept: a stream may still be about to pass its record (the real driver
+  // defers the release too).
   return CUDA_SUCCESS;
 }
 
@@ -681,6 +879,7 @@ CUresult Fake_cuEventRecord(CUevent event, CUstream stream) {
     Misuse("cuEventRecord: the event and the stream belong to different contexts");
     return CUDA_ERROR_INVALID_HANDLE;
   }
+  if (CUresult r = Injected("cuEventRecord"); r != CUDA_SUCCESS) return r;
   uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(event->mu);
@@ -735,6 +934,7 @@ CUresult Fake_cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
 CUresult Fake_cuMemAlloc(CUdeviceptr* ptr, size_t bytes) {
   CUctx_st* c = nullptr;
   if (CUresult r = RequireCurrent("cuMemAlloc", &c); r != CUDA_SUCCESS) return r;
+  if (CUresult r = Injected("cuMemAlloc"); r != CUDA_SUCCESS) return r;
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   const uint64_t size = (bytes + 255) / 256 * 256;
   Global& g = G();
@@ -746,6 +946,7 @@ CUresult Fake_cuMemAlloc(CUdeviceptr* ptr, size_t bytes) {
   std::memset(p, 0xA5, size);  // device memory is not zeroed
   d.used += size;
   g.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{size, c};
+  TrackLocked(FakeCudaKind::kDeviceMemory, p, c, "cuMemAlloc");
   *ptr = reinterpret_cast<CUdeviceptr>(p);
   return CUDA_SUCCESS;
 }
@@ -765,6 +966,7 @@ CUresult Fake_cuMemFree(CUdeviceptr ptr) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   g.devices[static_cast<size_t>(c->device)].used -= it->second.size;
+  UntrackLocked(FakeCudaKind::kDeviceMemory, reinterpret_cast<void*>(it->first));
   std::free(reinterpret_cast<void*>(it->first));
   g.allocations.erase(it);
   return CUDA_SUCCESS;
@@ -783,12 +985,25 @@ CUresult Fake_cuMemGetInfo(size_t* free_bytes, size_t* total) {
 CUresult Fake_cuMemHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
   CUctx_st* c = nullptr;
   if (CUresult r = RequireCurrent("cuMemHostAlloc", &c); r != CUDA_SUCCESS) return r;
+  if (CUresult r = Injected("cuMemHostAlloc"); r != CUDA_SUCCESS) return r;
   (void)flags;
   *ptr = std::malloc(std::max<size_t>(bytes, 1));
-  return *ptr == nullptr ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+  if (*ptr == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  Track(FakeCudaKind::kHostMemory, *ptr, c, "cuMemHostAlloc");
+  return CUDA_SUCCESS;
 }
 
 CUresult Fake_cuMemFreeHost(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(G().mu);
+    if (!UntrackLocked(FakeCudaKind::kHostMemory, ptr)) {
+      Misuse(
+          "cuMemFreeHost of %p, which is not live pinned memory (freed before, or with its "
+          "context)",
+          ptr);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
   std::free(ptr);
   return CUDA_SUCCESS;
 }
@@ -855,11 +1070,17 @@ CUresult Fake_cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_opti
   std::memcpy(&body, static_cast<const char*>(code) + 8, 8);
   if (magic != 0xBA55ED50u) return CUDA_ERROR_INVALID_IMAGE;
   *library = new CUlib_st{static_cast<const unsigned char*>(code), header + body};
+  Track(FakeCudaKind::kLibrary, *library, nullptr, "cuLibraryLoadData");
   return CUDA_SUCCESS;
 }
 
 CUresult Fake_cuLibraryUnload(CUlibrary library) {
-  delete library;
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (!UntrackLocked(FakeCudaKind::kLibrary, library)) {
+    Misuse("cuLibraryUnload of a library that is not loaded");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  // The struct is kept, so that a stale handle never names a newer library.
   return CUDA_SUCCESS;
 }
 
@@ -1250,5 +1471,60 @@ FAKE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int ver
 
 FAKE_EXPORT CUresult cuDriverGetVersion(int* version) { return Fake_cuDriverGetVersion(version); }
 
-/// Misuses seen so far (see the top of this file).
+// The test interface (tests/testing/fake_cuda/fake_cuda.h says what each returns).
+
 FAKE_EXPORT int tessera_fake_cuda_misuses() { return g_misuses.load(); }
+
+FAKE_EXPORT bool tessera_fake_cuda_tally(int kind, FakeCudaTally* out) {
+  if (kind < 0 || kind >= tessera::testing::kFakeCudaKinds || out == nullptr) return false;
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  *out = FakeCudaTally{};
+  out->created = g.created[static_cast<size_t>(kind)];
+  for (const auto& [handle, t] : g.live) {
+    if (static_cast<int>(t.kind) == kind && t.generation == g.generation) ++out->live;
+  }
+  for (const auto& [key, n] : g.ended) {
+    const auto& [k, origin, fate] = key;
+    if (static_cast<int>(k) != kind) continue;
+    switch (fate) {
+      case Fate::kFreedWithContext:
+        out->freed_with_context += n;
+        break;
+      case Fate::kOutlivedGreenContext:
+        out->outlived_green_context += n;
+        break;
+      case Fate::kFreedAfterFault:
+        out->freed_after_fault += n;
+        break;
+    }
+  }
+  return true;
+}
+
+FAKE_EXPORT int tessera_fake_cuda_leaks(int count_live, char* text, int size) {
+  std::string report;
+  const long leaks = LeakReport(count_live != 0, report);
+  if (text != nullptr && size > 0) {
+    std::snprintf(text, static_cast<size_t>(size), "%s", report.c_str());
+  }
+  return static_cast<int>(leaks);
+}
+
+FAKE_EXPORT void tessera_fake_cuda_reset() {
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  ++g.generation;
+  g.created.fill(0);
+  g.ended.clear();
+  g.fail_error = CUDA_SUCCESS;
+  g_misuses.store(0);
+}
+
+FAKE_EXPORT void tessera_fake_cuda_fail(const char* call, int after, int error) {
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.fail_call = call == nullptr ? "" : call;
+  g.fail_after = after;
+  g.fail_error = static_cast<CUresult>(error);
+}

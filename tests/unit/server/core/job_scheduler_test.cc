@@ -53,6 +53,17 @@ class Recorder {
     absl::MutexLock lock(&mu_);
     charges_.clear();
   }
+  // Releases may happen on another thread that is dispatching (the deadline thread).
+  bool AwaitReleased(size_t n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    std::pair<Recorder*, size_t> want(this, n);
+    return mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::pair<Recorder*, size_t>* p)
+                 ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->first->released_.size() >= p->second; },
+            &want),
+        timeout);
+  }
   bool AwaitDropped(size_t n, absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     std::pair<Recorder*, size_t> want(this, n);
@@ -175,6 +186,7 @@ TEST(JobSchedulerTest, AQueuedJobPastItsDeadlineIsDroppedWithoutRunning) {
   EXPECT_THAT(r.dropped(), ElementsAre(std::make_pair(2, absl::StatusCode::kDeadlineExceeded)));
   EXPECT_EQ(q->queued(), 1);
   q->Completed(0, absl::ZeroDuration());
+  ASSERT_TRUE(r.AwaitReleased(2, absl::Seconds(10)));
   EXPECT_THAT(r.released(), ElementsAre(1, 3));
 }
 

@@ -1,0 +1,153 @@
+#ifndef TESSERA_TESTS_TESTING_FAKE_CUDA_FAKE_CUDA_H_
+#define TESSERA_TESTS_TESTING_FAKE_CUDA_FAKE_CUDA_H_
+
+// What the fake driver (fake_cuda.cc) exports besides the CUDA entry points, and a reader for
+// tests: its misuse count and its accounting of the objects it hands out (see "Object
+// accounting" in fake_cuda.cc). Plain C++ and <dlfcn.h> only, so that tests reach it without
+// CUDA headers and on hosts where libcuda.so.1 is NVIDIA's (then FakeCudaDriver::Loaded() is
+// empty).
+#include <array>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <dlfcn.h>
+
+namespace tessera::testing {
+
+/// The kinds of object the fake driver counts, with the calls that make them.
+enum class FakeCudaKind : int {
+  kContext = 0,   // cuCtxCreate
+  kGreenContext,  // cuGreenCtxCreate
+  kStream,        // cuStreamCreateWithPriority, cuGreenCtxStreamCreate
+  kEvent,         // cuEventCreate
+  kDeviceMemory,  // cuMemAlloc
+  kHostMemory,    // cuMemHostAlloc (pinned)
+  kLibrary,       // cuLibraryLoadData
+};
+inline constexpr int kFakeCudaKinds = 7;
+
+/// "stream" (the report's word for a kind).
+inline const char* FakeCudaKindName(FakeCudaKind kind) {
+  static constexpr std::array<const char*, kFakeCudaKinds> kNames = {
+      "context",           "green context",          "stream",  "event",
+      "device allocation", "pinned host allocation", "library",
+  };
+  return kNames[static_cast<size_t>(kind)];
+}
+
+/// What became of the objects of one kind made since the last reset. Every object made is
+/// live, destroyed by its own call (not counted here), or in exactly one of the last three.
+struct FakeCudaTally {
+  long created = 0;
+  /// Not destroyed yet, and neither is whatever would free it.
+  long live = 0;
+  /// Alive when cuCtxDestroy destroyed their healthy context: freed with it, as CUDA does,
+  /// but the caller had forgotten them. A leak for the tests.
+  long freed_with_context = 0;
+  /// Alive when cuGreenCtxDestroy destroyed their green context, which frees none of them
+  /// (streams never; memory and events belong to the device's primary context). A leak.
+  long outlived_green_context = 0;
+  /// Alive when their context, faulted by a sticky error, was destroyed: the recovery CUDA
+  /// documents (streams of green contexts excepted: those must be destroyed even then, and
+  /// count as outlived_green_context). Not a leak.
+  long freed_after_fault = 0;
+};
+
+// The exported functions, by name.
+inline constexpr char kFakeCudaMisusesSymbol[] = "tessera_fake_cuda_misuses";
+inline constexpr char kFakeCudaTallySymbol[] = "tessera_fake_cuda_tally";
+inline constexpr char kFakeCudaLeaksSymbol[] = "tessera_fake_cuda_leaks";
+inline constexpr char kFakeCudaResetSymbol[] = "tessera_fake_cuda_reset";
+inline constexpr char kFakeCudaFailSymbol[] = "tessera_fake_cuda_fail";
+/// Misuses since the last reset.
+using FakeCudaMisusesFn = int (*)();
+/// Fills `*out` for `kind` (a FakeCudaKind); false for another number.
+using FakeCudaTallyFn = bool (*)(int kind, FakeCudaTally* out);
+/// Leaked objects since the last reset: those that outlived a healthy context (both kinds
+/// above) plus, if `count_live`, those still live. Writes one "fake libcuda: leak: ..." line
+/// per kind, origin and fate (and "fake libcuda: note: ..." lines for objects freed after a
+/// fault) to `text`, truncated to `size` bytes with a terminating NUL; `text` may be null.
+using FakeCudaLeaksFn = int (*)(int count_live, char* text, int size);
+/// Forgets the misuses, the objects counted so far (objects made before it never count) and
+/// an injected failure not reached yet, so that each of several tests in one process sees
+/// only its own.
+using FakeCudaResetFn = void (*)();
+/// Makes the call of entry point `call` after `after` more that succeed fail with CUresult
+/// `error`, once. Served for the calls that create an object or finish a job's submission:
+/// cuStreamCreateWithPriority, cuGreenCtxStreamCreate, cuEventCreate, cuEventRecord,
+/// cuLaunchHostFunc, cuMemAlloc, cuMemHostAlloc.
+using FakeCudaFailFn = void (*)(const char* call, int after, int error);
+
+/// The fake driver as loaded in this process. Thread-safe; the fake stays loaded for the
+/// process's life (it is linked -z nodelete), so the reader may outlive every other handle.
+class FakeCudaDriver {
+ public:
+  /// The fake, if the libcuda.so.1 loaded in this process is the fake driver; empty when none
+  /// is loaded or it is NVIDIA's.
+  static std::optional<FakeCudaDriver> Loaded() {
+    void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (handle == nullptr) return std::nullopt;
+    FakeCudaDriver fake(handle);
+    fake.misuses_ = reinterpret_cast<FakeCudaMisusesFn>(dlsym(handle, kFakeCudaMisusesSymbol));
+    fake.tally_ = reinterpret_cast<FakeCudaTallyFn>(dlsym(handle, kFakeCudaTallySymbol));
+    fake.leaks_ = reinterpret_cast<FakeCudaLeaksFn>(dlsym(handle, kFakeCudaLeaksSymbol));
+    fake.reset_ = reinterpret_cast<FakeCudaResetFn>(dlsym(handle, kFakeCudaResetSymbol));
+    fake.fail_ = reinterpret_cast<FakeCudaFailFn>(dlsym(handle, kFakeCudaFailSymbol));
+    if (fake.misuses_ == nullptr || fake.tally_ == nullptr || fake.leaks_ == nullptr ||
+        fake.reset_ == nullptr || fake.fail_ == nullptr) {
+      return std::nullopt;
+    }
+    return fake;
+  }
+
+  FakeCudaDriver(FakeCudaDriver&& other) noexcept { *this = std::move(other); }
+  FakeCudaDriver& operator=(FakeCudaDriver&& other) noexcept {
+    std::swap(handle_, other.handle_);
+    misuses_ = other.misuses_;
+    tally_ = other.tally_;
+    leaks_ = other.leaks_;
+    reset_ = other.reset_;
+    fail_ = other.fail_;
+    return *this;
+  }
+  ~FakeCudaDriver() {
+    if (handle_ != nullptr) dlclose(handle_);
+  }
+
+  int misuses() const { return misuses_(); }
+  FakeCudaTally tally(FakeCudaKind kind) const {
+    FakeCudaTally t;
+    tally_(static_cast<int>(kind), &t);
+    return t;
+  }
+  /// Every leak: objects still live and objects that outlived a healthy context. Call it once
+  /// whatever made them (backend, contexts) is gone; `report` says what and from which call.
+  int Leaks(std::string* report) const { return Read(1, report); }
+  /// Only objects that outlived a healthy context: leaks already made while their maker runs.
+  int OutlivedContexts(std::string* report) const { return Read(0, report); }
+  void Reset() const { reset_(); }
+  /// See FakeCudaFailFn (`error`: a CUresult).
+  void Fail(const char* call, int after, int error) const { fail_(call, after, error); }
+
+ private:
+  explicit FakeCudaDriver(void* handle) : handle_(handle) {}
+
+  int Read(int count_live, std::string* report) const {
+    char text[16384] = {};
+    const int leaks = leaks_(count_live, text, sizeof(text));
+    if (report != nullptr) *report = text;
+    return leaks;
+  }
+
+  void* handle_ = nullptr;
+  FakeCudaMisusesFn misuses_ = nullptr;
+  FakeCudaTallyFn tally_ = nullptr;
+  FakeCudaLeaksFn leaks_ = nullptr;
+  FakeCudaResetFn reset_ = nullptr;
+  FakeCudaFailFn fail_ = nullptr;
+};
+
+}  // namespace tessera::testing
+
+#endif  // TESSERA_TESTS_TESTING_FAKE_CUDA_FAKE_CUDA_H_
