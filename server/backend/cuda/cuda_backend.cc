@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
+#include "server/backend/cuda/resources.h"
 #include "server/backend/mps_probe.h"
 #include "server/common/logging.h"
 #include "server/common/status_macros.h"
@@ -27,122 +28,9 @@ constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;
 
 }  // namespace
 
-// One creation of a tenant's CUDA context. A sticky fault retires it (`lost`) and the
-// tenant gets a new one; buffers keep the incarnation they were allocated in, so a lost
-// buffer is recognizable and never freed into the wrong context.
-struct Incarnation {
-  const Driver* driver = nullptr;
-  CUcontext context = nullptr;
-  CUgreenCtx green = nullptr;
-  std::vector<CUstream> streams;
-  CUstream copy = nullptr;
-  cublasHandle_t blas = nullptr;
-  CUdeviceptr blas_workspace = 0;
-  int sms = 0;
-  // A green context's SM groups, returned to `owner` when it goes.
-  CudaBackend* owner = nullptr;
-  int device = 0;
-  std::vector<int> sm_groups;
-  std::atomic<bool> lost{false};
-  // Held shared by whoever uses the context outside its CudaContext's mu_ (allocations,
-  // copies, frees) and exclusively by Destroy, so a fault never frees what a copy is using.
-  absl::Mutex use_mu;
-  void* staging[2] = {nullptr, nullptr};
-  CUevent staging_done[2] = {nullptr, nullptr};
-
-  // Releases everything (context current on the calling thread is not required). Streams,
-  // events and memory are destroyed one by one: a green context's streams do not go with
-  // the context derived from it, and a rebuilt tenant must not pile up dead ones.
-  void Destroy() {
-    absl::MutexLock use(&use_mu);
-    if (context == nullptr) return;
-    {
-      ScopedContext scoped(*driver, context);
-      if (blas != nullptr) cublasDestroy(blas);
-      blas = nullptr;
-      if (blas_workspace != 0) driver->cuMemFree(blas_workspace);
-      blas_workspace = 0;
-      for (int i = 0; i < 2; ++i) {
-        if (staging[i] != nullptr) driver->cuMemFreeHost(staging[i]);
-        if (staging_done[i] != nullptr) driver->cuEventDestroy(staging_done[i]);
-        staging[i] = nullptr;
-        staging_done[i] = nullptr;
-      }
-      for (CUstream s : streams) driver->cuStreamDestroy(s);
-      streams.clear();
-      if (copy != nullptr) driver->cuStreamDestroy(copy);
-      copy = nullptr;
-    }
-    if (green != nullptr) {
-      driver->cuGreenCtxDestroy(green);
-    } else {
-      driver->cuCtxDestroy(context);
-    }
-    context = nullptr;
-    if (owner != nullptr && !sm_groups.empty()) owner->ReleaseSmGroups(device, sm_groups);
-    sm_groups.clear();
-  }
-  ~Incarnation() { Destroy(); }
-};
-
 namespace {
 
-class CudaBuffer final : public DeviceBuffer {
- public:
-  CudaBuffer(std::shared_ptr<Incarnation> inc, CUdeviceptr ptr, uint64_t size)
-      : inc_(std::move(inc)), ptr_(ptr), size_(size) {}
-  ~CudaBuffer() override {
-    absl::ReaderMutexLock use(&inc_->use_mu);
-    if (!inc_->lost.load() && inc_->context != nullptr) {
-      ScopedContext scoped(*inc_->driver, inc_->context);
-      inc_->driver->cuMemFree(ptr_);
-    }
-  }
-  uint64_t size() const override { return size_; }
-  bool lost() const override { return inc_->lost.load(); }
-  CUdeviceptr ptr() const { return ptr_; }
-  const Incarnation* incarnation() const { return inc_.get(); }
-
- private:
-  std::shared_ptr<Incarnation> inc_;
-  CUdeviceptr ptr_;
-  uint64_t size_;
-};
-
 void CUDA_CB WakeBackend(void* backend);
-
-// A job's start and end events; destroyed with the job, with its context current (the
-// caller's ScopedContext), unless the context was destroyed first (Abandon).
-class EventPair {
- public:
-  explicit EventPair(const Driver& driver) : driver_(&driver) {}
-  EventPair(EventPair&& other) noexcept
-      : driver_(other.driver_),
-        start(std::exchange(other.start, nullptr)),
-        end(std::exchange(other.end, nullptr)) {}
-  EventPair& operator=(EventPair&&) = delete;
-  ~EventPair() { Reset(); }
-
-  CUresult Create() {
-    CUresult r = driver_->cuEventCreate(&start, CU_EVENT_DEFAULT);
-    if (r == CUDA_SUCCESS) r = driver_->cuEventCreate(&end, CU_EVENT_DEFAULT);
-    return r;
-  }
-  void Reset() {
-    if (start != nullptr) driver_->cuEventDestroy(start);
-    if (end != nullptr) driver_->cuEventDestroy(end);
-    Abandon();
-  }
-  /// Forgets events whose context is already destroyed (they went with it).
-  void Abandon() { start = end = nullptr; }
-
- private:
-  const Driver* driver_;
-
- public:
-  CUevent start = nullptr;
-  CUevent end = nullptr;
-};
 
 // "0-4, 7, 9-10".
 std::string GroupList(const std::vector<int>& groups) {
@@ -197,9 +85,9 @@ class CudaContext final : public TenantContext {
     {
       absl::MutexLock lock(&mu_);
       if (current_ != nullptr && !current_->lost.load()) {
-        for (CUstream s : current_->streams) {
+        for (const Stream& s : current_->streams) {
           ScopedContext scoped(driver_, current_->context);
-          driver_.cuStreamSynchronize(s);
+          driver_.cuStreamSynchronize(s.get());
         }
       }
       PollLocked(finished);
@@ -235,8 +123,8 @@ class CudaContext final : public TenantContext {
       r = driver_.cuMemAlloc(&ptr, size);
       if (r == CUDA_SUCCESS) {
         buffer = std::make_shared<CudaBuffer>(*inc, ptr, bytes);
-        r = driver_.cuMemsetD8Async(ptr, 0, size, (*inc)->copy);
-        if (r == CUDA_SUCCESS) r = driver_.cuStreamSynchronize((*inc)->copy);
+        r = driver_.cuMemsetD8Async(ptr, 0, size, (*inc)->copy.get());
+        if (r == CUDA_SUCCESS) r = driver_.cuStreamSynchronize((*inc)->copy.get());
       }
     }
     if (r != CUDA_SUCCESS) {
@@ -253,9 +141,9 @@ class CudaContext final : public TenantContext {
     return Woken(Stage(
         buffer,
         [&](Incarnation& inc, int slot, uint64_t done, uint64_t n) {
-          std::memcpy(inc.staging[slot], static_cast<const char*>(src) + done, n);
-          return driver_.cuMemcpyHtoDAsync(buffer.ptr() + offset + done, inc.staging[slot], n,
-                                           inc.copy);
+          std::memcpy(inc.staging[slot].get(), static_cast<const char*>(src) + done, n);
+          return driver_.cuMemcpyHtoDAsync(buffer.ptr() + offset + done, inc.staging[slot].get(), n,
+                                           inc.copy.get());
         },
         nullptr, bytes));
   }
@@ -266,11 +154,11 @@ class CudaContext final : public TenantContext {
     return Woken(Stage(
         buffer,
         [&](Incarnation& inc, int slot, uint64_t done, uint64_t n) {
-          return driver_.cuMemcpyDtoHAsync(inc.staging[slot], buffer.ptr() + offset + done, n,
-                                           inc.copy);
+          return driver_.cuMemcpyDtoHAsync(inc.staging[slot].get(), buffer.ptr() + offset + done, n,
+                                           inc.copy.get());
         },
         [&](Incarnation& inc, int slot, uint64_t done, uint64_t n) {
-          std::memcpy(static_cast<char*>(dst) + done, inc.staging[slot], n);
+          std::memcpy(static_cast<char*>(dst) + done, inc.staging[slot].get(), n);
         },
         bytes));
   }
@@ -334,7 +222,7 @@ class CudaContext final : public TenantContext {
     absl::MutexLock lock(&mu_);
     if (current_ == nullptr || current_->lost.load()) return;
     ScopedContext scoped(driver_, current_->context);
-    CUresult r = driver_.cuStreamQuery(current_->copy);
+    CUresult r = driver_.cuStreamQuery(current_->copy.get());
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY && ClassifyCudaError(r).sticky) {
       FaultLocked(r, finished);
     }
@@ -351,20 +239,30 @@ class CudaContext final : public TenantContext {
     void* params[] = {&address};
     return driver_.Check(
         driver_.cuLaunchKernel(reinterpret_cast<CUfunction>(*kernel), 1, 1, 1, 1, 1, 1, 0,
-                               (*inc)->streams.at(stream), params, nullptr),
+                               (*inc)->streams.at(stream).get(), params, nullptr),
         "launching the test fault");
   }
 
  private:
   struct Pending {
-    explicit Pending(const Driver& driver) : events(driver) {}
     std::shared_ptr<Incarnation> inc;
-    EventPair events;
+    Event start, end;  // destroyed with the job, in its context
     std::vector<Step> steps;
     std::vector<std::shared_ptr<DeviceBuffer>> temps;
     absl::AnyInvocable<void(ExecResult) &&> done;
     ExecResult result;
   };
+
+  CUresult CreateEvent(Event& event, unsigned int flags) const {
+    CUevent e = nullptr;
+    CUresult r = driver_.cuEventCreate(&e, flags);
+    if (r == CUDA_SUCCESS) event = Event(driver_, e);
+    return r;
+  }
+  static void Abandon(Pending& p) {
+    p.start.Abandon();
+    p.end.Abandon();
+  }
 
   absl::Status Failed(CUresult r, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::Status status = driver_.Check(r, what);
@@ -382,8 +280,7 @@ class CudaContext final : public TenantContext {
   // plain one with the reason recorded.
   absl::StatusOr<std::shared_ptr<Incarnation>> Build() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const CudaBackend::Gpu& gpu = backend_->gpus_[request_.device_index];
-    auto inc = std::make_shared<Incarnation>();
-    inc->driver = &driver_;
+    auto inc = std::make_shared<Incarnation>(driver_);
     const std::string who =
         absl::StrCat("tenant ", request_.tenant_id, "'s context on GPU ", request_.device_index);
     ContextInfo info{.kind = plan_.kind,
@@ -468,13 +365,14 @@ class CudaContext final : public TenantContext {
                 ? driver_.cuGreenCtxStreamCreate(&s, inc->green, CU_STREAM_NON_BLOCKING, priority)
                 : driver_.cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, priority);
         if (r != CUDA_SUCCESS) return driver_.Check(r, absl::StrCat("creating streams for ", who));
-        inc->streams.push_back(s);
+        inc->streams.emplace_back(driver_, s);
       }
+      CUstream copy = nullptr;
       r = inc->green != nullptr
-              ? driver_.cuGreenCtxStreamCreate(&inc->copy, inc->green, CU_STREAM_NON_BLOCKING,
-                                               greatest)
-              : driver_.cuStreamCreateWithPriority(&inc->copy, CU_STREAM_NON_BLOCKING, greatest);
+              ? driver_.cuGreenCtxStreamCreate(&copy, inc->green, CU_STREAM_NON_BLOCKING, greatest)
+              : driver_.cuStreamCreateWithPriority(&copy, CU_STREAM_NON_BLOCKING, greatest);
       if (r != CUDA_SUCCESS) return driver_.Check(r, absl::StrCat("creating streams for ", who));
+      inc->copy = Stream(driver_, copy);
     }
     if (!started_) {
       info_ = std::move(info);
@@ -530,12 +428,12 @@ class CudaContext final : public TenantContext {
                        const char*& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_) {
     ScopedContext scoped(driver_, inc.context);
     for (int i = 0; i < 2; ++i) {
-      if (inc.staging[i] != nullptr) continue;
+      if (inc.staging[i]) continue;
       what = "allocating pinned staging memory";
-      CUresult r = driver_.cuMemHostAlloc(&inc.staging[i], kStagingBytes, 0);
-      if (r == CUDA_SUCCESS) {
-        r = driver_.cuEventCreate(&inc.staging_done[i], CU_EVENT_DISABLE_TIMING);
-      }
+      void* pinned = nullptr;
+      CUresult r = driver_.cuMemHostAlloc(&pinned, kStagingBytes, 0);
+      if (r == CUDA_SUCCESS) inc.staging[i] = PinnedMemory(driver_, pinned);
+      if (r == CUDA_SUCCESS) r = CreateEvent(inc.staging_done[i], CU_EVENT_DISABLE_TIMING);
       if (r != CUDA_SUCCESS) return r;
     }
     what = "copying tensor data";
@@ -546,20 +444,22 @@ class CudaContext final : public TenantContext {
     int slot = 0;
     for (uint64_t done = 0; done < bytes; done += kStagingBytes, slot ^= 1) {
       const uint64_t n = std::min(kStagingBytes, bytes - done);
-      CUresult r = driver_.cuEventSynchronize(inc.staging_done[slot]);  // slot free again
+      CUresult r = driver_.cuEventSynchronize(inc.staging_done[slot].get());  // slot free again
       if (r == CUDA_SUCCESS) r = issue(inc, slot, done, n);
-      if (r == CUDA_SUCCESS) r = driver_.cuEventRecord(inc.staging_done[slot], inc.copy);
+      if (r == CUDA_SUCCESS) {
+        r = driver_.cuEventRecord(inc.staging_done[slot].get(), inc.copy.get());
+      }
       if (r != CUDA_SUCCESS) return r;
       if constexpr (!std::is_same_v<Drain, std::nullptr_t>) {
         if (previous) {
-          r = driver_.cuEventSynchronize(inc.staging_done[slot ^ 1]);
+          r = driver_.cuEventSynchronize(inc.staging_done[slot ^ 1].get());
           if (r != CUDA_SUCCESS) return r;
           drain(inc, slot ^ 1, previous->done, previous->n);
         }
         previous = Chunk{done, n};
       }
     }
-    CUresult r = driver_.cuStreamSynchronize(inc.copy);
+    CUresult r = driver_.cuStreamSynchronize(inc.copy.get());
     if (r != CUDA_SUCCESS) return r;
     if constexpr (!std::is_same_v<Drain, std::nullptr_t>) {
       if (previous) drain(inc, slot ^ 1, previous->done, previous->n);
@@ -608,15 +508,16 @@ class CudaContext final : public TenantContext {
     }
     Incarnation& current = **inc;
     ScopedContext scoped(driver_, current.context);
-    Pending p(driver_);  // its events are destroyed on every early return
+    Pending p;  // its events are destroyed on every early return
     p.inc = *inc;
     p.done = std::move(done);
-    CUstream s = current.streams.at(static_cast<size_t>(stream) % current.streams.size());
-    CUresult r = p.events.Create();
-    if (r == CUDA_SUCCESS) r = driver_.cuEventRecord(p.events.start, s);
+    CUstream s = current.streams.at(static_cast<size_t>(stream) % current.streams.size()).get();
+    CUresult r = CreateEvent(p.start, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) r = CreateEvent(p.end, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) r = driver_.cuEventRecord(p.start.get(), s);
     if (r != CUDA_SUCCESS) {
       absl::Status status = Failed(r, "starting a job");
-      if (current.lost.load()) p.events.Abandon();
+      if (current.lost.load()) Abandon(p);
       failed.push_back({std::move(p.done), ExecResult{status, 0}});
       return;
     }
@@ -628,15 +529,15 @@ class CudaContext final : public TenantContext {
       }
     }
     if (current.lost.load()) {  // a sticky error while launching: the job is already failed
-      p.events.Abandon();       // destroyed with the context
+      Abandon(p);               // destroyed with the context
       failed.push_back({std::move(p.done), p.result, std::move(steps), std::move(p.temps)});
       return;
     }
-    r = driver_.cuEventRecord(p.events.end, s);
+    r = driver_.cuEventRecord(p.end.get(), s);
     if (r == CUDA_SUCCESS) r = driver_.cuLaunchHostFunc(s, WakeBackend, backend_);
     if (r != CUDA_SUCCESS) {
       absl::Status status = Failed(r, "finishing a job");
-      if (current.lost.load()) p.events.Abandon();
+      if (current.lost.load()) Abandon(p);
       failed.push_back(
           {std::move(p.done), ExecResult{status, 0}, std::move(steps), std::move(p.temps)});
       return;
@@ -668,23 +569,16 @@ class CudaContext final : public TenantContext {
       }
       out.push_back(ptr);
     }
-    if (step.plan.kernel->name == "matmul" && inc.blas == nullptr) {
-      cublasStatus_t created = cublasCreate(&inc.blas);
+    if (step.plan.kernel->name == "matmul" && !inc.blas) {
+      CUresult r = CUDA_SUCCESS;
+      cublasStatus_t created = inc.blas.Create(driver_, kCublasWorkspaceBytes, r);
+      if (r != CUDA_SUCCESS) return Failed(r, "allocating the cuBLAS workspace");
       if (created != CUBLAS_STATUS_SUCCESS) {
-        inc.blas = nullptr;
         return absl::ResourceExhaustedError(
             absl::StrCat("creating the tenant's cuBLAS handle: ", cublasGetStatusName(created)));
       }
-      CUresult r = driver_.cuMemAlloc(&inc.blas_workspace, kCublasWorkspaceBytes);
-      if (r != CUDA_SUCCESS) return Failed(r, "allocating the cuBLAS workspace");
-      created = cublasSetWorkspace(inc.blas, reinterpret_cast<void*>(inc.blas_workspace),
-                                   kCublasWorkspaceBytes);
-      if (created != CUBLAS_STATUS_SUCCESS) {
-        return absl::InternalError(
-            absl::StrCat("setting the cuBLAS workspace: ", cublasGetStatusName(created)));
-      }
     }
-    LaunchTarget target{&driver_, backend_->kernels_.get(), s, inc.blas, inc.sms};
+    LaunchTarget target{&driver_, backend_->kernels_.get(), s, inc.blas.get(), inc.sms};
     absl::Status status = RunStep(target, step.plan, in, out);
     if (!status.ok()) {
       // A launch error that is sticky faults the context like an asynchronous one.
@@ -706,7 +600,7 @@ class CudaContext final : public TenantContext {
         Pending& p = queue.front();
         if (p.inc->lost.load()) break;  // failed by FaultLocked
         ScopedContext scoped(driver_, p.inc->context);
-        CUresult r = driver_.cuEventQuery(p.events.end);
+        CUresult r = driver_.cuEventQuery(p.end.get());
         if (r == CUDA_ERROR_NOT_READY) break;
         if (r != CUDA_SUCCESS) {
           if (ClassifyCudaError(r).sticky) {
@@ -716,12 +610,13 @@ class CudaContext final : public TenantContext {
           p.result = ExecResult{driver_.Check(r, "running a job"), 0};
         } else {
           float ms = 0;
-          if (driver_.cuEventElapsedTime(&ms, p.events.start, p.events.end) == CUDA_SUCCESS) {
+          if (driver_.cuEventElapsedTime(&ms, p.start.get(), p.end.get()) == CUDA_SUCCESS) {
             p.result.run_time = absl::Microseconds(static_cast<int64_t>(ms * 1000.0f));
             busy_ += p.result.run_time;
           }
         }
-        p.events.Reset();
+        p.start.Reset();
+        p.end.Reset();
         finished.push_back(
             {std::move(p.done), std::move(p.result), std::move(p.steps), std::move(p.temps)});
         queue.pop_front();
