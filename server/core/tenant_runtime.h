@@ -260,6 +260,8 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   absl::Status CheckQueueLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   absl::Status CheckOpen() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  /// FAILED_PRECONDITION: `handle` is used by `what`.
+  static absl::Status InUse(absl::string_view handle, absl::string_view what);
   absl::StatusOr<Tensor*> FindLocked(absl::string_view handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// FindLocked, but DATA_LOSS for a tensor whose memory a context fault destroyed.
   absl::StatusOr<Tensor*> FindLiveLocked(absl::string_view handle)

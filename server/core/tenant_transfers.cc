@@ -1,0 +1,148 @@
+// TenantRuntime's transfers: uploads into a staging copy that commits whole, downloads,
+// and the hooks a closing tenant uses to cancel them (the tensors and jobs are in
+// tenant_runtime.cc).
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+#include "server/common/status_macros.h"
+#include "server/core/tenant_runtime.h"
+
+namespace tessera {
+
+// ---- transfers ---------------------------------------------------------------------------------
+
+TenantRuntime::Writer::Writer(std::shared_ptr<TenantRuntime> runtime, TensorInfo info,
+                              std::shared_ptr<DeviceBuffer> staging, bool created)
+    : runtime_(std::move(runtime)),
+      info_(std::move(info)),
+      staging_(std::move(staging)),
+      created_(created) {}
+
+TenantRuntime::Writer::~Writer() {
+  if (!finished_ && !created_) runtime_->EndTransfer(info_.handle);
+}
+
+absl::Status TenantRuntime::Writer::Write(uint64_t offset, absl::string_view data) {
+  if (finished_) return absl::FailedPreconditionError("the upload is already committed");
+  if (offset > info_.size_bytes || data.size() > info_.size_bytes - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk at offset ", offset, " of ", data.size(),
+                                                   " bytes extends past the end (",
+                                                   info_.size_bytes, " bytes)"));
+  }
+  if (data.empty()) return absl::OkStatus();
+  uint64_t end = offset + data.size();
+  auto next = ranges_.lower_bound(offset);
+  bool overlaps = (next != ranges_.end() && next->first < end) ||
+                  (next != ranges_.begin() && std::prev(next)->second > offset);
+  if (overlaps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk [", offset, ", ", end, ") overlaps bytes already written"));
+  }
+  std::shared_ptr<TenantContext> context = runtime_->ContextOrNull();
+  if (context == nullptr) return absl::FailedPreconditionError("the tenant is closed");
+  RETURN_IF_ERROR(context->CopyIn(*staging_, offset, data.data(), data.size()));
+  ranges_.emplace(offset, end);
+  written_ += data.size();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorInfo> TenantRuntime::Writer::Finish() {
+  if (finished_) return absl::FailedPreconditionError("the upload is already committed");
+  if (written_ != info_.size_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("received ", written_, " bytes; ",
+                                                   kernels::MetaString(info_.meta),
+                                                   " needs exactly ", info_.size_bytes));
+  }
+  std::shared_ptr<DeviceBuffer> replaced;  // the old contents, freed after the lock
+  TenantRuntime& rt = *runtime_;
+  absl::MutexLock lock(&rt.mu_);
+  if (created_) {
+    ASSIGN_OR_RETURN(info_, rt.InsertLocked(info_.meta, std::move(staging_)));
+    finished_ = true;
+    return info_;
+  }
+  RETURN_IF_ERROR(rt.CheckOpen());
+  ASSIGN_OR_RETURN(Tensor * t, rt.FindLocked(info_.handle));
+  // The transfer pin kept jobs from writing it and other transfers away; jobs that read it
+  // meanwhile read the previous contents, which stay whole until this swap.
+  replaced = std::exchange(t->buffer, std::move(staging_));
+  t->transfers--;
+  finished_ = true;
+  return t->info;
+}
+
+absl::StatusOr<std::unique_ptr<TenantRuntime::Writer>> TenantRuntime::BeginWrite(
+    const std::string& handle, const std::optional<kernels::TensorMeta>& create) {
+  TensorInfo info;
+  if (create.has_value()) {
+    ASSIGN_OR_RETURN(int64_t size, kernels::ByteSize(*create, "header.create.shape"));
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckOpen());
+    info.meta = *create;
+    info.size_bytes = static_cast<uint64_t>(size);
+  } else {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckOpen());
+    ASSIGN_OR_RETURN(Tensor * t, FindLiveLocked(handle));
+    if (t->job_readers + t->job_writers > 0) return InUse(handle, "a queued or running job");
+    if (t->transfers > 0) return InUse(handle, "a ReadTensor or WriteTensor in progress");
+    info = t->info;
+    t->transfers++;
+  }
+  absl::StatusOr<std::shared_ptr<DeviceBuffer>> staging = AllocateCharged(
+      info.meta, create.has_value() ? "for the new tensor" : "for the upload's staging copy");
+  if (!staging.ok()) {
+    if (!create.has_value()) EndTransfer(info.handle);
+    return staging.status();
+  }
+  return std::unique_ptr<Writer>(
+      new Writer(shared_from_this(), std::move(info), *std::move(staging), create.has_value()));
+}
+
+TenantRuntime::Reader::Reader(std::shared_ptr<TenantRuntime> runtime, TensorInfo info,
+                              std::shared_ptr<DeviceBuffer> buffer)
+    : runtime_(std::move(runtime)), info_(std::move(info)), buffer_(std::move(buffer)) {}
+
+TenantRuntime::Reader::~Reader() { runtime_->EndTransfer(info_.handle); }
+
+absl::Status TenantRuntime::Reader::Read(uint64_t offset, uint64_t bytes, void* dst) {
+  std::shared_ptr<TenantContext> context = runtime_->ContextOrNull();
+  if (context == nullptr) return absl::FailedPreconditionError("the tenant is closed");
+  return context->CopyOut(*buffer_, offset, dst, bytes);
+}
+
+absl::StatusOr<std::unique_ptr<TenantRuntime::Reader>> TenantRuntime::BeginRead(
+    absl::string_view handle) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckOpen());
+  ASSIGN_OR_RETURN(Tensor * t, FindLiveLocked(handle));
+  if (t->job_writers > 0) return InUse(handle, "a queued or running job that writes it");
+  t->transfers++;
+  return std::unique_ptr<Reader>(new Reader(shared_from_this(), t->info, t->buffer));
+}
+
+void TenantRuntime::EndTransfer(const std::string& handle) {
+  absl::MutexLock lock(&mu_);
+  auto it = tensors_.find(handle);
+  if (it == tensors_.end()) return;  // released by Close
+  it->second.transfers--;
+}
+
+uint64_t TenantRuntime::AddTransferHook(absl::AnyInvocable<void() &&> cancel) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = ++hook_counter_;
+  transfer_hooks_.emplace(id, std::move(cancel));
+  return id;
+}
+
+void TenantRuntime::RemoveTransferHook(uint64_t id) {
+  absl::AnyInvocable<void() &&> hook;  // destroyed after the lock is released
+  absl::MutexLock lock(&mu_);
+  auto it = transfer_hooks_.find(id);
+  if (it == transfer_hooks_.end()) return;
+  hook = std::move(it->second);
+  transfer_hooks_.erase(it);
+}
+
+}  // namespace tessera
