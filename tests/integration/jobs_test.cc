@@ -423,6 +423,42 @@ TEST_F(JobsTest, UnderConcurrentLoadTheServerStaysResponsiveAndStopsCleanly) {
   EXPECT_LT(absl::Now() - stop_start, absl::Seconds(8));
 }
 
+// A job's scratch (here the temporary an in-place transpose needs) is memory the tenant
+// causes: it counts against the quota beside the tensors, before the job is accepted.
+TEST_F(JobsTest, AJobsScratchCountsAgainstTheMemoryQuota) {
+  auto client = ClientWith(MustRegister("scratchy", 64 << 20));
+  auto square = [&](int n) {
+    v1::TensorSpec spec;
+    spec.set_dtype(v1::DTYPE_F32);
+    spec.add_shape(n);
+    spec.add_shape(n);
+    return client->CreateTensor(spec);
+  };
+  auto transpose_in_place = [&](const v1::TensorInfo& x) {
+    v1::LaunchRequest request;
+    request.set_kernel("transpose");
+    request.add_inputs(x.handle());
+    request.add_outputs()->set_handle(x.handle());
+    request.set_wait(true);
+    return client->Launch(request);
+  };
+  auto small = square(2048);  // 16 MiB: 16 more of scratch fit in 64
+  ASSERT_TRUE(small.ok()) << small.status();
+  auto fits = transpose_in_place(*small);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(fits->state(), v1::JOB_STATE_SUCCEEDED) << fits->error_message();
+  ASSERT_TRUE(client->DeleteTensor(small->handle()).ok());
+  auto large = square(3400);  // 46 MB: another 46 of scratch do not
+  ASSERT_TRUE(large.ok()) << large.status();
+  auto refused = transpose_in_place(*large);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("of scratch the job needs to run"));
+  auto usage = client->GetUsage();
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->memory_scratch_bytes(), 0u);  // nothing runs now
+  EXPECT_EQ(usage->memory_tensor_bytes(), uint64_t{3400} * 3400 * 4);
+}
+
 // With one job in flight on the device, the core releases the tenants' queued jobs in
 // weighted fair order: a tenant with three times the compute share gets about three times
 // the jobs while both have work queued.
