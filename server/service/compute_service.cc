@@ -505,7 +505,7 @@ grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* c
     deadline =
         absl::Now() + absl::Seconds(timeout->seconds()) + absl::Nanoseconds(timeout->nanos());
   }
-  if (wait) {
+  if (wait && context->deadline() != std::chrono::system_clock::time_point::max()) {
     absl::Time call_deadline = absl::FromChrono(context->deadline());
     if (call_deadline < deadline) deadline = call_deadline;
   }
