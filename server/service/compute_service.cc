@@ -256,7 +256,8 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
 };
 
 // Downloads: chunks of at most chunk_bytes, one write in flight, each filled by the transfer
-// executor. The one chunk held is charged to the tenant's memory quota (transfer staging).
+// executor. What the stream holds (the chunk and gRPC's serialized copy) is charged to the
+// tenant's memory quota as transfer staging.
 class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorResponse> {
  public:
   ReadTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
@@ -307,10 +308,11 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
     end_ = request.length() == 0 ? size : request.offset() + request.length();
     // Never more than the range, and smaller chunks when the quota has little room left.
     chunk_bytes_ = std::min<int64_t>(chunk_bytes_, std::max<uint64_t>(end_ - position_, 1));
-    absl::StatusOr<MemoryCharge> charge = runtime_->ReserveStaging(chunk_bytes_);
+    // Two chunks while one is in flight: our message and gRPC's serialized copy of it.
+    absl::StatusOr<MemoryCharge> charge = runtime_->ReserveStaging(2 * chunk_bytes_);
     while (!charge.ok() && chunk_bytes_ > kMinChunkBytes) {
       chunk_bytes_ = std::max(kMinChunkBytes, chunk_bytes_ / 4);
-      charge = runtime_->ReserveStaging(chunk_bytes_);
+      charge = runtime_->ReserveStaging(2 * chunk_bytes_);
     }
     if (!charge.ok()) return charge.status();
     staging_ = *std::move(charge);
