@@ -1,5 +1,5 @@
-// The built-in kernel catalog: signatures, attributes and inference. Backends implement the
-// same names; nothing else in the system validates a launch.
+// The built-in kernel catalog: signatures, attributes and inference, one kernel per Op.
+// Backends implement the same ops; nothing else in the system validates a launch.
 #include <algorithm>
 #include <numeric>
 
@@ -218,13 +218,20 @@ ParamDef In(const char* name, const std::vector<DType>& dtypes, const char* rule
   return ParamDef{name, dtypes, rule, optional};
 }
 
-KernelDef Unary(const char* name, const char* description, const std::vector<DType>& dtypes) {
-  return KernelDef{name, description, {In("x", dtypes, "any")}, {In("y", dtypes, "same as x")},
-                   {},   SameAsInput};
+KernelDef Unary(const char* name, Op op, const char* description,
+                const std::vector<DType>& dtypes) {
+  return KernelDef{.name = name,
+                   .op = op,
+                   .description = description,
+                   .inputs = {In("x", dtypes, "any")},
+                   .outputs = {In("y", dtypes, "same as x")},
+                   .infer = SameAsInput};
 }
 
-KernelDef Binary(const char* name, const char* description, const std::vector<DType>& dtypes) {
+KernelDef Binary(const char* name, Op op, const char* description,
+                 const std::vector<DType>& dtypes) {
   return KernelDef{name,
+                   op,
                    description,
                    {In("a", dtypes, "any"), In("b", dtypes, "broadcasts with a; same dtype")},
                    {In("y", dtypes, "NumPy broadcast of a and b")},
@@ -238,9 +245,10 @@ std::vector<AttrDef> ReductionAttrs() {
           {"keepdims", AttrType::kBool, false, false, "keep reduced axes with size 1"}};
 }
 
-KernelDef Reduce(const char* name, const char* description, const std::vector<DType>& in,
+KernelDef Reduce(const char* name, Op op, const char* description, const std::vector<DType>& in,
                  const std::vector<DType>& out, InferFn infer) {
   return KernelDef{name,
+                   op,
                    description,
                    {In("x", in, "any")},
                    {In("y", out, "x without (or with size-1) reduced axes")},
@@ -254,6 +262,7 @@ std::vector<KernelDef> BuiltinKernels() {
   std::vector<KernelDef> k;
   k.push_back(
       {"fill",
+       Op::kFill,
        "y = value everywhere",
        {},
        {In("y", kAll, "attribute shape, or the given output")},
@@ -262,62 +271,72 @@ std::vector<KernelDef> BuiltinKernels() {
          "f32, f16, bf16, f64, i32, i64, u8 or bool; default: the output's, or f32"},
         {"shape", AttrType::kInts, std::nullopt, false, "dimensions; default: the given output's"}},
        InferFill});
-  k.push_back(
-      {"copy", "y = x", {In("x", kAll, "any")}, {In("y", kAll, "same as x")}, {}, SameAsInput});
+  k.push_back({"copy",
+               Op::kCopy,
+               "y = x",
+               {In("x", kAll, "any")},
+               {In("y", kAll, "same as x")},
+               {},
+               SameAsInput});
   k.push_back({"cast",
+               Op::kCast,
                "y = x converted to dtype (floats to ints truncate toward zero and saturate; "
                "NaN becomes 0; to bool: x != 0)",
                {In("x", kAll, "any")},
                {In("y", kAll, "shape of x")},
                {{"dtype", AttrType::kString, std::nullopt, true, "the target dtype"}},
                InferCast});
-  k.push_back(Unary("neg", "y = -x", kSigned));
-  k.push_back(Unary("abs", "y = |x|", kSigned));
-  k.push_back(Unary("relu", "y = max(x, 0)", kSigned));
-  k.push_back(Unary("exp", "y = e^x", kFloat));
-  k.push_back(Unary("log", "y = ln x", kFloat));
-  k.push_back(Unary("sqrt", "y = sqrt(x)", kFloat));
-  k.push_back(Unary("rsqrt", "y = 1 / sqrt(x)", kFloat));
-  k.push_back(Unary("gelu", "y = x * Phi(x) (exact, erf form)", kFloat));
-  k.push_back(Unary("sigmoid", "y = 1 / (1 + e^-x)", kFloat));
-  k.push_back(Unary("tanh", "y = tanh(x)", kFloat));
-  KernelDef scale = Unary("scale", "y = alpha * x + beta", kFloat);
+  k.push_back(Unary("neg", Op::kNeg, "y = -x", kSigned));
+  k.push_back(Unary("abs", Op::kAbs, "y = |x|", kSigned));
+  k.push_back(Unary("relu", Op::kRelu, "y = max(x, 0)", kSigned));
+  k.push_back(Unary("exp", Op::kExp, "y = e^x", kFloat));
+  k.push_back(Unary("log", Op::kLog, "y = ln x", kFloat));
+  k.push_back(Unary("sqrt", Op::kSqrt, "y = sqrt(x)", kFloat));
+  k.push_back(Unary("rsqrt", Op::kRsqrt, "y = 1 / sqrt(x)", kFloat));
+  k.push_back(Unary("gelu", Op::kGelu, "y = x * Phi(x) (exact, erf form)", kFloat));
+  k.push_back(Unary("sigmoid", Op::kSigmoid, "y = 1 / (1 + e^-x)", kFloat));
+  k.push_back(Unary("tanh", Op::kTanh, "y = tanh(x)", kFloat));
+  KernelDef scale = Unary("scale", Op::kScale, "y = alpha * x + beta", kFloat);
   scale.attrs = {{"alpha", AttrType::kFloat, 1.0, false, "multiplier"},
                  {"beta", AttrType::kFloat, 0.0, false, "offset"}};
   k.push_back(std::move(scale));
-  k.push_back(Binary("add", "y = a + b", kNumeric));
-  k.push_back(Binary("sub", "y = a - b", kNumeric));
-  k.push_back(Binary("mul", "y = a * b", kNumeric));
-  k.push_back(Binary("div", "y = a / b (integers: truncated; x / 0 = 0)", kNumeric));
-  k.push_back(Binary("maximum", "y = max(a, b) (NaN propagates)", kNumeric));
-  k.push_back(Binary("minimum", "y = min(a, b) (NaN propagates)", kNumeric));
-  k.push_back(Binary("pow", "y = a ^ b", kFloat));
-  k.push_back(Reduce("sum", "sum over axes (integers accumulate in i64)", kNumeric,
+  k.push_back(Binary("add", Op::kAdd, "y = a + b", kNumeric));
+  k.push_back(Binary("sub", Op::kSub, "y = a - b", kNumeric));
+  k.push_back(Binary("mul", Op::kMul, "y = a * b", kNumeric));
+  k.push_back(Binary("div", Op::kDiv, "y = a / b (integers: truncated; x / 0 = 0)", kNumeric));
+  k.push_back(Binary("maximum", Op::kMaximum, "y = max(a, b) (NaN propagates)", kNumeric));
+  k.push_back(Binary("minimum", Op::kMinimum, "y = min(a, b) (NaN propagates)", kNumeric));
+  k.push_back(Binary("pow", Op::kPow, "y = a ^ b", kFloat));
+  k.push_back(Reduce("sum", Op::kSum, "sum over axes (integers accumulate in i64)", kNumeric,
                      {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI64},
                      Reduction(SumType, false)));
-  k.push_back(
-      Reduce("mean", "mean over axes (empty: NaN)", kFloat, kFloat, Reduction(Keep, false)));
-  k.push_back(Reduce("max", "maximum over axes (NaN propagates)", kNumeric, kNumeric,
+  k.push_back(Reduce("mean", Op::kMean, "mean over axes (empty: NaN)", kFloat, kFloat,
+                     Reduction(Keep, false)));
+  k.push_back(Reduce("max", Op::kMax, "maximum over axes (NaN propagates)", kNumeric, kNumeric,
                      Reduction(Keep, true)));
-  k.push_back(Reduce("min", "minimum over axes (NaN propagates)", kNumeric, kNumeric,
+  k.push_back(Reduce("min", Op::kMin, "minimum over axes (NaN propagates)", kNumeric, kNumeric,
                      Reduction(Keep, true)));
   k.push_back({"argmax",
+               Op::kArgmax,
                "index of the first maximum along axis (NaN counts as the maximum)",
                {In("x", kNumeric, "any")},
                {In("y", {DType::kI64}, "x without (or with size-1) axis")},
                {{"axis", AttrType::kInt, int64_t{-1}, false, "axis, negative from the end"},
                 {"keepdims", AttrType::kBool, false, false, "keep the axis with size 1"}},
                InferArgmax});
-  for (const char* name : {"softmax", "log_softmax"}) {
-    k.push_back({name,
-                 std::string(name) == "softmax" ? "y = exp(x - max) / sum(exp(x - max)) along axis"
-                                                : "y = x - max - log(sum(exp(x - max))) along axis",
+  for (Op op : {Op::kSoftmax, Op::kLogSoftmax}) {
+    const bool log_out = op == Op::kLogSoftmax;
+    k.push_back({log_out ? "log_softmax" : "softmax",
+                 op,
+                 log_out ? "y = x - max - log(sum(exp(x - max))) along axis"
+                         : "y = exp(x - max) / sum(exp(x - max)) along axis",
                  {In("x", kFloat, "any")},
                  {In("y", kFloat, "same as x")},
                  {{"axis", AttrType::kInt, int64_t{-1}, false, "axis, negative from the end"}},
                  InferSoftmax});
   }
   k.push_back({"layer_norm",
+               Op::kLayerNorm,
                "y = (x - mean) / sqrt(var + eps) * weight + bias over the last axis",
                {In("x", kFloat, "any"), In("weight", kFloat, "[last axis of x]", true),
                 In("bias", kFloat, "[last axis of x]", true)},
@@ -325,18 +344,21 @@ std::vector<KernelDef> BuiltinKernels() {
                {{"eps", AttrType::kFloat, 1e-5, false, "added to the variance (> 0)"}},
                InferNorm});
   k.push_back({"rms_norm",
+               Op::kRmsNorm,
                "y = x / sqrt(mean(x^2) + eps) * weight over the last axis",
                {In("x", kFloat, "any"), In("weight", kFloat, "[last axis of x]", true)},
                {In("y", kFloat, "same as x")},
                {{"eps", AttrType::kFloat, 1e-6, false, "added to the mean square (> 0)"}},
                InferNorm});
   k.push_back({"transpose",
+               Op::kTranspose,
                "y = x with axes permuted: y.shape[i] = x.shape[perm[i]]",
                {In("x", kAll, "any")},
                {In("y", kAll, "x's dimensions permuted")},
                {{"perm", AttrType::kInts, std::nullopt, false, "permutation; default: reversed"}},
                InferTranspose});
   k.push_back({"matmul",
+               Op::kMatmul,
                "y = alpha * op(a) @ op(b) + beta * y, batched over leading dimensions with "
                "broadcasting; beta scales the output tensor's existing contents",
                {In("a", kFloat, "[..., M, K] ([..., K, M] with transpose_a)"),

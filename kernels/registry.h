@@ -53,8 +53,55 @@ using OutputHints = std::vector<std::optional<TensorMeta>>;
 using InferFn = std::function<absl::StatusOr<std::vector<TensorMeta>>(
     const std::vector<TensorMeta>& inputs, const Attrs& attrs, const OutputHints& hints)>;
 
+/// The catalog's ops, one per kernel: what backends dispatch on. Each backend maps every op
+/// to its implementation in one `switch` with no default, so a new op is one value here, one
+/// catalog entry and one case per backend, and the compiler (-Wswitch) names any backend
+/// that lacks its case.
+enum class Op {
+  kFill,
+  kCopy,
+  kCast,
+  // Element-wise, one input.
+  kNeg,
+  kAbs,
+  kRelu,
+  kExp,
+  kLog,
+  kSqrt,
+  kRsqrt,
+  kGelu,
+  kSigmoid,
+  kTanh,
+  kScale,
+  // Element-wise, two inputs with broadcasting.
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kMaximum,
+  kMinimum,
+  kPow,
+  // Reductions and row-wise ops.
+  kSum,
+  kMean,
+  kMax,
+  kMin,
+  kArgmax,
+  kSoftmax,
+  kLogSoftmax,
+  kLayerNorm,
+  kRmsNorm,
+  // Layout and linear algebra.
+  kTranspose,
+  kMatmul,  // keep last: kNumOps counts up to it
+};
+/// Ops are numbered 0..kNumOps-1; the catalog holds exactly one kernel per op.
+inline constexpr int kNumOps = static_cast<int>(Op::kMatmul) + 1;
+
 struct KernelDef {
   std::string name;
+  /// What backends dispatch on; one kernel per op.
+  Op op;
   std::string description;
   std::vector<ParamDef> inputs;
   std::vector<ParamDef> outputs;

@@ -1,8 +1,6 @@
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <mutex>
-#include <string>
-#include <unordered_map>
 
 #include <cblas.h>
 
@@ -17,77 +15,125 @@ using Inputs = std::vector<const void*>;
 using Outputs = std::vector<void*>;
 using Runner = void (*)(const Plan&, const Inputs&, const Outputs&, Parallel&);
 
-#define TESSERA_UNARY(op)                                                  \
-  [](const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) { \
-    cpu::RunUnary(cpu::UnaryOp::op, p, in[0], out[0], par);                \
-  }
-#define TESSERA_BINARY(op)                                                 \
-  [](const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) { \
-    cpu::RunBinary(cpu::BinaryOp::op, p, in[0], in[1], out[0], par);       \
-  }
-#define TESSERA_REDUCE(op)                                                 \
-  [](const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) { \
-    cpu::RunReduce(cpu::ReduceOp::op, p, in[0], out[0], par);              \
-  }
-
-const std::unordered_map<std::string, Runner>& Runners() {
-  static const auto* runners = new std::unordered_map<std::string, Runner>{
-      {"fill", [](const Plan& p, const Inputs&, const Outputs& out,
-                  Parallel& par) { cpu::RunFill(p, out[0], par); }},
-      {"copy", [](const Plan& p, const Inputs& in, const Outputs& out,
-                  Parallel& par) { cpu::RunCopy(p, in[0], out[0], par); }},
-      {"cast", [](const Plan& p, const Inputs& in, const Outputs& out,
-                  Parallel& par) { cpu::RunCast(p, in[0], out[0], par); }},
-      {"neg", TESSERA_UNARY(kNeg)},
-      {"abs", TESSERA_UNARY(kAbs)},
-      {"relu", TESSERA_UNARY(kRelu)},
-      {"exp", TESSERA_UNARY(kExp)},
-      {"log", TESSERA_UNARY(kLog)},
-      {"sqrt", TESSERA_UNARY(kSqrt)},
-      {"rsqrt", TESSERA_UNARY(kRsqrt)},
-      {"gelu", TESSERA_UNARY(kGelu)},
-      {"sigmoid", TESSERA_UNARY(kSigmoid)},
-      {"tanh", TESSERA_UNARY(kTanh)},
-      {"scale", TESSERA_UNARY(kScale)},
-      {"add", TESSERA_BINARY(kAdd)},
-      {"sub", TESSERA_BINARY(kSub)},
-      {"mul", TESSERA_BINARY(kMul)},
-      {"div", TESSERA_BINARY(kDiv)},
-      {"maximum", TESSERA_BINARY(kMaximum)},
-      {"minimum", TESSERA_BINARY(kMinimum)},
-      {"pow", TESSERA_BINARY(kPow)},
-      {"sum", TESSERA_REDUCE(kSum)},
-      {"mean", TESSERA_REDUCE(kMean)},
-      {"max", TESSERA_REDUCE(kMax)},
-      {"min", TESSERA_REDUCE(kMin)},
-      {"argmax", [](const Plan& p, const Inputs& in, const Outputs& out,
-                    Parallel& par) { cpu::RunArgmax(p, in[0], out[0], par); }},
-      {"softmax", [](const Plan& p, const Inputs& in, const Outputs& out,
-                     Parallel& par) { cpu::RunSoftmax(false, p, in[0], out[0], par); }},
-      {"log_softmax", [](const Plan& p, const Inputs& in, const Outputs& out,
-                         Parallel& par) { cpu::RunSoftmax(true, p, in[0], out[0], par); }},
-      {"layer_norm", [](const Plan& p, const Inputs& in, const Outputs& out,
-                        Parallel& par) { cpu::RunNorm(false, p, in, out[0], par); }},
-      {"rms_norm", [](const Plan& p, const Inputs& in, const Outputs& out,
-                      Parallel& par) { cpu::RunNorm(true, p, in, out[0], par); }},
-      {"transpose", [](const Plan& p, const Inputs& in, const Outputs& out,
-                       Parallel& par) { cpu::RunTranspose(p, in[0], out[0], par); }},
-      {"matmul", [](const Plan& p, const Inputs& in, const Outputs& out,
-                    Parallel& par) { cpu::RunMatmul(p, in[0], in[1], out[0], par); }},
-  };
-  return *runners;
+void Fill(const Plan& p, const Inputs&, const Outputs& out, Parallel& par) {
+  cpu::RunFill(p, out[0], par);
+}
+void Copy(const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) {
+  cpu::RunCopy(p, in[0], out[0], par);
+}
+void Cast(const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) {
+  cpu::RunCast(p, in[0], out[0], par);
+}
+template <cpu::UnaryOp kOp>
+void Unary(const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) {
+  cpu::RunUnary(kOp, p, in[0], out[0], par);
+}
+template <cpu::BinaryOp kOp>
+void Binary(const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) {
+  cpu::RunBinary(kOp, p, in[0], in[1], out[0], par);
+}
+template <cpu::ReduceOp kOp>
+void Reduce(const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) {
+  cpu::RunReduce(kOp, p, in[0], out[0], par);
+}
+void Argmax(const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) {
+  cpu::RunArgmax(p, in[0], out[0], par);
+}
+template <bool kLog>
+void Softmax(const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) {
+  cpu::RunSoftmax(kLog, p, in[0], out[0], par);
+}
+template <bool kRms>
+void Norm(const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) {
+  cpu::RunNorm(kRms, p, in, out[0], par);
+}
+void Transpose(const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) {
+  cpu::RunTranspose(p, in[0], out[0], par);
+}
+void Matmul(const Plan& p, const Inputs& in, const Outputs& out, Parallel& par) {
+  cpu::RunMatmul(p, in[0], in[1], out[0], par);
 }
 
-#undef TESSERA_UNARY
-#undef TESSERA_BINARY
-#undef TESSERA_REDUCE
+// The CPU backend's dispatch: every op to its implementation, or nullptr where it has none
+// (which CpuImplements reports, and the catalog test refuses).
+Runner RunnerFor(Op op) {
+  switch (op) {
+    case Op::kFill:
+      return Fill;
+    case Op::kCopy:
+      return Copy;
+    case Op::kCast:
+      return Cast;
+    case Op::kNeg:
+      return Unary<cpu::UnaryOp::kNeg>;
+    case Op::kAbs:
+      return Unary<cpu::UnaryOp::kAbs>;
+    case Op::kRelu:
+      return Unary<cpu::UnaryOp::kRelu>;
+    case Op::kExp:
+      return Unary<cpu::UnaryOp::kExp>;
+    case Op::kLog:
+      return Unary<cpu::UnaryOp::kLog>;
+    case Op::kSqrt:
+      return Unary<cpu::UnaryOp::kSqrt>;
+    case Op::kRsqrt:
+      return Unary<cpu::UnaryOp::kRsqrt>;
+    case Op::kGelu:
+      return Unary<cpu::UnaryOp::kGelu>;
+    case Op::kSigmoid:
+      return Unary<cpu::UnaryOp::kSigmoid>;
+    case Op::kTanh:
+      return Unary<cpu::UnaryOp::kTanh>;
+    case Op::kScale:
+      return Unary<cpu::UnaryOp::kScale>;
+    case Op::kAdd:
+      return Binary<cpu::BinaryOp::kAdd>;
+    case Op::kSub:
+      return Binary<cpu::BinaryOp::kSub>;
+    case Op::kMul:
+      return Binary<cpu::BinaryOp::kMul>;
+    case Op::kDiv:
+      return Binary<cpu::BinaryOp::kDiv>;
+    case Op::kMaximum:
+      return Binary<cpu::BinaryOp::kMaximum>;
+    case Op::kMinimum:
+      return Binary<cpu::BinaryOp::kMinimum>;
+    case Op::kPow:
+      return Binary<cpu::BinaryOp::kPow>;
+    case Op::kSum:
+      return Reduce<cpu::ReduceOp::kSum>;
+    case Op::kMean:
+      return Reduce<cpu::ReduceOp::kMean>;
+    case Op::kMax:
+      return Reduce<cpu::ReduceOp::kMax>;
+    case Op::kMin:
+      return Reduce<cpu::ReduceOp::kMin>;
+    case Op::kArgmax:
+      return Argmax;
+    case Op::kSoftmax:
+      return Softmax<false>;
+    case Op::kLogSoftmax:
+      return Softmax<true>;
+    case Op::kLayerNorm:
+      return Norm<false>;
+    case Op::kRmsNorm:
+      return Norm<true>;
+    case Op::kTranspose:
+      return Transpose;
+    case Op::kMatmul:
+      return Matmul;
+  }
+  return nullptr;  // not an Op
+}
 
 }  // namespace
 
+bool CpuImplements(Op op) { return RunnerFor(op) != nullptr; }
+
 absl::Status RunCpuKernel(const Plan& plan, const std::vector<const void*>& inputs,
                           const std::vector<void*>& outputs, Parallel& parallel) {
-  auto it = Runners().find(plan.kernel->name);
-  if (it == Runners().end()) {
+  const Runner run = RunnerFor(plan.kernel->op);
+  if (run == nullptr) {
     return absl::InternalError(
         absl::StrCat("the CPU backend has no implementation of kernel ", plan.kernel->name));
   }
@@ -96,7 +142,7 @@ absl::Status RunCpuKernel(const Plan& plan, const std::vector<const void*>& inpu
                                             " input and ", outputs.size(),
                                             " output buffers for its plan"));
   }
-  it->second(plan, inputs, outputs, parallel);
+  run(plan, inputs, outputs, parallel);
   return absl::OkStatus();
 }
 

@@ -1,7 +1,7 @@
 #ifndef TESSERA_KERNELS_CPU_KERNELS_INTERNAL_H_
 #define TESSERA_KERNELS_CPU_KERNELS_INTERNAL_H_
 
-// Entry points of the CPU kernel families, called by RunCpuKernel's name dispatch.
+// Entry points of the CPU kernel families, called by RunCpuKernel's switch over Op.
 #include <vector>
 
 #include "kernels/cpu/parallel.h"

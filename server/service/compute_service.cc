@@ -102,9 +102,18 @@ std::shared_ptr<TenantRuntime> Authenticate(const Authenticator& auth, WaitReact
   return *std::move(runtime);
 }
 
-// Answers `reactor` with `job` unless something else answered first.
-void AnswerNow(WaitReactor* reactor, v1::Job* response, const JobInfo& job) {
+// Answers `reactor` with `job` unless something else answered first. For a waiting
+// Launch/Submit (`expiry_fails_call`) a job that expired in its queue answers
+// DEADLINE_EXCEEDED: its deadline is the call's own, and the scheduler may notice it a moment
+// before gRPC does. WaitJob returns the expired job as it is.
+void AnswerNow(WaitReactor* reactor, v1::Job* response, const JobInfo& job,
+               bool expiry_fails_call = false) {
   if (reactor->Claim()) {
+    if (expiry_fails_call && job.state == JobState::kCancelled &&
+        absl::IsDeadlineExceeded(job.error)) {
+      reactor->Complete(job.error);
+      return;
+    }
     JobToProto(job, response);
     reactor->Complete(absl::OkStatus());
   }
@@ -112,10 +121,11 @@ void AnswerNow(WaitReactor* reactor, v1::Job* response, const JobInfo& job) {
 
 // A job callback that answers `reactor` with the finished job, unless something else
 // answered first; it holds a reference on the reactor until it runs.
-TenantRuntime::JobCallback AnswerWithJob(WaitReactor* reactor, v1::Job* response) {
+TenantRuntime::JobCallback AnswerWithJob(WaitReactor* reactor, v1::Job* response,
+                                         bool expiry_fails_call = false) {
   reactor->Hold();
-  return [reactor, response](const JobInfo& done) {
-    AnswerNow(reactor, response, done);
+  return [reactor, response, expiry_fails_call](const JobInfo& done) {
+    AnswerNow(reactor, response, done, expiry_fails_call);
     reactor->Release();
   };
 }
@@ -345,9 +355,11 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
     StartWrite(&response_);
   }
 
-  // The reader is released before the final status goes out (see WriteTensorReactor::Fail).
+  // The reader and the staging charge are released before the final status goes out (see
+  // WriteTensorReactor::Fail): a client's next GetUsage never sees this download.
   void Done(const absl::Status& status) {
     reader_.reset();
+    staging_.Release();
     Finish(log_.Finish(status));
   }
 
@@ -523,8 +535,9 @@ grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* c
   }
   // The answer is attached before the job is enqueued, so a worker that finishes it at once
   // answers directly, without waiting for this thread to register afterwards.
-  absl::StatusOr<JobInfo> job = runtime->Submit(stream, std::move(steps), program,
-                                                AnswerWithJob(reactor, response), deadline);
+  absl::StatusOr<JobInfo> job =
+      runtime->Submit(stream, std::move(steps), program,
+                      AnswerWithJob(reactor, response, /*expiry_fails_call=*/true), deadline);
   if (!job.ok()) {  // the callback was destroyed unrun: drop its reference here
     reactor->CompleteIfUnclaimed(job.status());
     reactor->Release();

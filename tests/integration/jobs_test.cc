@@ -206,7 +206,8 @@ TEST_F(JobsTest, AWaitingCallsDeadlineIsTheJobsDeadline) {
   v1::LaunchRequest request = CopyOnesToTarget();
   request.set_wait(true);
   auto job = (*impatient)->Launch(request);
-  EXPECT_EQ(job.status().code(), absl::StatusCode::kDeadlineExceeded) << job.status();
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << (job.ok() ? job->DebugString() : job.status().ToString());
   ASSERT_TRUE(tenant_->Synchronize().ok());
   EXPECT_EQ(Target(), kZeros);
   auto usage = tenant_->GetUsage();

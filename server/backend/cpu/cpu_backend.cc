@@ -136,7 +136,7 @@ class CpuContext final : public TenantContext {
           }
         }
       }
-      if (step.plan.kernel->name == "matmul" &&
+      if (step.plan.kernel->op == kernels::Op::kMatmul &&
           kernels::DTypeSize(step.plan.outputs[0].dtype) == 2) {
         for (const auto& in : step.inputs) need += 2 * in->size();
         for (const auto& out : step.outputs) need += 2 * out->size();

@@ -174,7 +174,7 @@ class CudaContext final : public TenantContext {
     uint64_t total = 0;
     bool blas = false;
     for (const Step& step : steps) {
-      blas = blas || step.plan.kernel->name == "matmul";
+      blas = blas || UsesCublas(step.plan);
       if (AliasSafe(step.plan)) continue;
       for (const auto& out : step.outputs) {
         for (const auto& in : step.inputs) {
@@ -569,7 +569,7 @@ class CudaContext final : public TenantContext {
       }
       out.push_back(ptr);
     }
-    if (step.plan.kernel->name == "matmul" && !inc.blas) {
+    if (UsesCublas(step.plan) && !inc.blas) {
       CUresult r = CUDA_SUCCESS;
       cublasStatus_t created = inc.blas.Create(driver_, kCublasWorkspaceBytes, r);
       if (r != CUDA_SUCCESS) return Failed(r, "allocating the cuBLAS workspace");

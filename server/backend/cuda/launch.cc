@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/params.h"
 #include "kernels/geometry.h"
+#include "server/backend/cuda/ops.h"
 
 // The fatbins nvcc built from kernels/cuda/*.cu, embedded by fatbins.S.
 extern "C" {
@@ -23,10 +24,6 @@ using kernels::Plan;
 namespace tc = ::tessera_cuda;
 
 constexpr int kBlock = 256;
-
-std::string Suffix(DType dtype) {
-  return dtype == DType::kBool ? "u8" : std::string(kernels::DTypeName(dtype));
-}
 
 // Blocks for a grid-stride loop over `n` elements: enough to fill every SM several times.
 unsigned int GridFor(int64_t n, int sms, int block = kBlock) {
@@ -64,8 +61,8 @@ absl::Status Unary(Launcher& l, const LaunchTarget& t, int op, const Plan& p, CU
                    CUdeviceptr y, double alpha = 1, double beta = 0) {
   const int64_t n = kernels::CheckedNumElements(p.outputs[0].shape);
   if (n == 0) return absl::OkStatus();
-  return l.Launch("tessera_unary_" + Suffix(p.outputs[0].dtype), GridFor(n, t.sms), kBlock, op, n,
-                  x, y, alpha, beta);
+  return l.Launch(EntryPointOf(CudaLauncher::kUnary, p.outputs[0].dtype), GridFor(n, t.sms), kBlock,
+                  op, n, x, y, alpha, beta);
 }
 
 absl::Status Binary(Launcher& l, const LaunchTarget& t, int op, const Plan& p,
@@ -83,8 +80,8 @@ absl::Status Binary(Launcher& l, const LaunchTarget& t, int op, const Plan& p,
     params.stride_a[d] = g.strides[0][d];
     params.stride_b[d] = g.strides[1][d];
   }
-  return l.Launch("tessera_binary_" + Suffix(p.outputs[0].dtype), GridFor(n, t.sms), kBlock, op,
-                  params, in[0], in[1], y);
+  return l.Launch(EntryPointOf(CudaLauncher::kBinary, p.outputs[0].dtype), GridFor(n, t.sms),
+                  kBlock, op, params, in[0], in[1], y);
 }
 
 absl::Status Reduce(Launcher& l, const LaunchTarget& t, int op, const Plan& p, CUdeviceptr x,
@@ -102,8 +99,8 @@ absl::Status Reduce(Launcher& l, const LaunchTarget& t, int op, const Plan& p, C
   std::copy(g.reduced_strides.begin(), g.reduced_strides.end(), params.reduced_strides);
   const unsigned int grid =
       static_cast<unsigned int>(std::min<int64_t>(params.outputs, int64_t{t.sms} * 32));
-  return l.Launch("tessera_reduce_" + Suffix(p.inputs[0].dtype), grid, RowBlock(params.count), op,
-                  params, x, y);
+  return l.Launch(EntryPointOf(CudaLauncher::kReduce, p.inputs[0].dtype), grid,
+                  RowBlock(params.count), op, params, x, y);
 }
 
 tc::AxisParams AxisParamsOf(const Plan& p) {
@@ -147,8 +144,8 @@ absl::Status Transpose(Launcher& l, const LaunchTarget& t, const Plan& p, CUdevi
     params.out_shape[0] = 1;
     params.in_strides[0] = 1;
   }
-  return l.Launch(absl::StrCat("tessera_permute_", kernels::DTypeSize(p.inputs[0].dtype)),
-                  GridFor(n, t.sms), kBlock, params, x, y);
+  return l.Launch(EntryPointOf(CudaLauncher::kPermute, p.inputs[0].dtype), GridFor(n, t.sms),
+                  kBlock, params, x, y);
 }
 
 absl::Status BlasCheck(cublasStatus_t s, absl::string_view what) {
@@ -176,7 +173,7 @@ absl::Status Matmul(Launcher& l, const LaunchTarget& t, const Plan& p, CUdevicep
                              "clearing matmul output");
     }
     const int64_t n = total;
-    return l.Launch("tessera_unary_" + Suffix(dtype), GridFor(n, t.sms), kBlock,
+    return l.Launch(EntryPointOf(CudaLauncher::kMatmul, dtype), GridFor(n, t.sms), kBlock,
                     static_cast<int>(tc::kScale), n, y, y, beta, 0.0);
   }
   if (t.blas == nullptr) return absl::InternalError("matmul: the tenant has no cuBLAS handle");
@@ -246,21 +243,8 @@ absl::StatusOr<std::unique_ptr<KernelTable>> KernelTable::Load(const Driver& dri
     if (!loaded.ok()) return loaded;
     table->libraries_.push_back(library);
   }
-  // Every kernel the launcher may name, resolved once.
-  std::vector<std::string> names = {"tessera_cast", "tessera_fill", "tessera_test_fault"};
-  for (const char* size : {"1", "2", "4", "8"})
-    names.push_back(absl::StrCat("tessera_permute_", size));
-  for (const char* s : {"f32", "f16", "bf16", "f64", "i32", "i64", "u8"}) {
-    if (std::string(s) != "u8") names.push_back(absl::StrCat("tessera_unary_", s));
-    names.push_back(absl::StrCat("tessera_binary_", s));
-    names.push_back(absl::StrCat("tessera_reduce_", s));
-    names.push_back(absl::StrCat("tessera_argmax_", s));
-  }
-  for (const char* s : {"f32", "f16", "bf16", "f64"}) {
-    names.push_back(absl::StrCat("tessera_softmax_", s));
-    names.push_back(absl::StrCat("tessera_norm_", s));
-  }
-  for (const std::string& name : names) {
+  // Every kernel the launchers may name, resolved once.
+  for (const std::string& name : FatbinEntryPoints()) {
     CUkernel kernel = nullptr;
     for (CUlibrary library : table->libraries_) {
       if (driver.cuLibraryGetKernel(&kernel, library, name.c_str()) == CUDA_SUCCESS) break;
@@ -284,81 +268,73 @@ absl::StatusOr<CUkernel> KernelTable::Find(const std::string& name) const {
   return it->second;
 }
 
-bool AliasSafe(const Plan& plan) {
-  static const std::array<std::string_view, 22> kSafe = {
-      "copy",  "cast", "neg",     "abs",     "relu",    "exp",        "log", "sqrt",
-      "rsqrt", "gelu", "sigmoid", "tanh",    "scale",   "add",        "sub", "mul",
-      "div",   "pow",  "maximum", "minimum", "softmax", "log_softmax"};
-  return std::find(kSafe.begin(), kSafe.end(), plan.kernel->name) != kSafe.end();
+bool AliasSafe(const Plan& plan) { return CudaImplOf(plan.kernel->op).alias_safe; }
+
+bool UsesCublas(const Plan& plan) {
+  return CudaImplOf(plan.kernel->op).launcher == CudaLauncher::kMatmul;
 }
 
 absl::Status RunStep(const LaunchTarget& t, const Plan& p, const std::vector<CUdeviceptr>& in,
                      const std::vector<CUdeviceptr>& out) {
   Launcher l(t);
-  const std::string& name = p.kernel->name;
-  static const std::map<std::string, int, std::less<>> kUnary = {
-      {"neg", tc::kNeg},         {"abs", tc::kAbs},   {"relu", tc::kRelu},   {"exp", tc::kExp},
-      {"log", tc::kLog},         {"sqrt", tc::kSqrt}, {"rsqrt", tc::kRsqrt}, {"gelu", tc::kGelu},
-      {"sigmoid", tc::kSigmoid}, {"tanh", tc::kTanh}, {"scale", tc::kScale}};
-  static const std::map<std::string, int, std::less<>> kBinary = {
-      {"add", tc::kAdd},         {"sub", tc::kSub},         {"mul", tc::kMul}, {"div", tc::kDiv},
-      {"maximum", tc::kMaximum}, {"minimum", tc::kMinimum}, {"pow", tc::kPow}};
-  static const std::map<std::string, int, std::less<>> kReduce = {
-      {"sum", tc::kSum}, {"mean", tc::kMean}, {"max", tc::kMax}, {"min", tc::kMin}};
-  if (auto it = kUnary.find(name); it != kUnary.end()) {
-    double alpha = 1, beta = 0;
-    if (it->second == tc::kScale) {
-      alpha = kernels::AttrFloat(p.attrs, "alpha");
-      beta = kernels::AttrFloat(p.attrs, "beta");
-    }
-    return Unary(l, t, it->second, p, in[0], out[0], alpha, beta);
-  }
-  if (auto it = kBinary.find(name); it != kBinary.end()) {
-    return Binary(l, t, it->second, p, in, out[0]);
-  }
-  if (auto it = kReduce.find(name); it != kReduce.end()) {
-    return Reduce(l, t, it->second, p, in[0], out[0]);
-  }
+  const CudaImpl impl = CudaImplOf(p.kernel->op);
   const int64_t n = kernels::CheckedNumElements(p.outputs[0].shape);
-  if (name == "fill") {
-    if (n == 0) return absl::OkStatus();
-    return l.Launch("tessera_fill", GridFor(n, t.sms), kBlock, n, out[0],
-                    static_cast<int>(p.outputs[0].dtype), kernels::AttrFloat(p.attrs, "value"));
+  switch (impl.launcher) {
+    case CudaLauncher::kNone:
+      break;
+    case CudaLauncher::kFill:
+      if (n == 0) return absl::OkStatus();
+      return l.Launch(EntryPointOf(impl.launcher, p.outputs[0].dtype), GridFor(n, t.sms), kBlock, n,
+                      out[0], static_cast<int>(p.outputs[0].dtype),
+                      kernels::AttrFloat(p.attrs, "value"));
+    case CudaLauncher::kCopy:
+      if (n == 0 || in[0] == out[0]) return absl::OkStatus();
+      return t.driver->Check(
+          t.driver->cuMemcpyDtoDAsync(out[0], in[0], n * kernels::DTypeSize(p.outputs[0].dtype),
+                                      t.stream),
+          "copy");
+    case CudaLauncher::kCast:
+      if (n == 0) return absl::OkStatus();
+      return l.Launch(EntryPointOf(impl.launcher, p.inputs[0].dtype), GridFor(n, t.sms), kBlock, n,
+                      in[0], static_cast<int>(p.inputs[0].dtype), out[0],
+                      static_cast<int>(p.outputs[0].dtype));
+    case CudaLauncher::kUnary: {
+      double alpha = 1, beta = 0;
+      if (impl.code == tc::kScale) {
+        alpha = kernels::AttrFloat(p.attrs, "alpha");
+        beta = kernels::AttrFloat(p.attrs, "beta");
+      }
+      return Unary(l, t, impl.code, p, in[0], out[0], alpha, beta);
+    }
+    case CudaLauncher::kBinary:
+      return Binary(l, t, impl.code, p, in, out[0]);
+    case CudaLauncher::kReduce:
+      return Reduce(l, t, impl.code, p, in[0], out[0]);
+    case CudaLauncher::kArgmax: {
+      tc::AxisParams a = AxisParamsOf(p);
+      return Rows(l, t, EntryPointOf(impl.launcher, p.inputs[0].dtype), a, a, in[0], out[0]);
+    }
+    case CudaLauncher::kSoftmax: {
+      tc::AxisParams a = AxisParamsOf(p);
+      return Rows(l, t, EntryPointOf(impl.launcher, p.inputs[0].dtype), a, impl.code, a, in[0],
+                  out[0]);
+    }
+    case CudaLauncher::kNorm: {
+      const kernels::Shape& shape = p.inputs[0].shape;
+      const int64_t width = shape.empty() ? 1 : shape.back();
+      const int64_t rows = width == 0 ? 0 : kernels::CheckedNumElements(shape) / width;
+      const CUdeviceptr weight = in.size() > 1 ? in[1] : 0;
+      const CUdeviceptr bias = in.size() > 2 ? in[2] : 0;
+      return Rows(l, t, EntryPointOf(impl.launcher, p.inputs[0].dtype),
+                  tc::AxisParams{rows, width, 1}, impl.code, rows, width, in[0], weight, bias,
+                  out[0], kernels::AttrFloat(p.attrs, "eps"));
+    }
+    case CudaLauncher::kPermute:
+      return Transpose(l, t, p, in[0], out[0]);
+    case CudaLauncher::kMatmul:
+      return Matmul(l, t, p, in[0], in[1], out[0]);
   }
-  if (name == "copy") {
-    if (n == 0 || in[0] == out[0]) return absl::OkStatus();
-    return t.driver->Check(t.driver->cuMemcpyDtoDAsync(
-                               out[0], in[0], n * kernels::DTypeSize(p.outputs[0].dtype), t.stream),
-                           "copy");
-  }
-  if (name == "cast") {
-    if (n == 0) return absl::OkStatus();
-    return l.Launch("tessera_cast", GridFor(n, t.sms), kBlock, n, in[0],
-                    static_cast<int>(p.inputs[0].dtype), out[0],
-                    static_cast<int>(p.outputs[0].dtype));
-  }
-  if (name == "argmax") {
-    tc::AxisParams a = AxisParamsOf(p);
-    return Rows(l, t, "tessera_argmax_" + Suffix(p.inputs[0].dtype), a, a, in[0], out[0]);
-  }
-  if (name == "softmax" || name == "log_softmax") {
-    tc::AxisParams a = AxisParamsOf(p);
-    return Rows(l, t, "tessera_softmax_" + Suffix(p.inputs[0].dtype), a,
-                static_cast<int>(name == "log_softmax"), a, in[0], out[0]);
-  }
-  if (name == "layer_norm" || name == "rms_norm") {
-    const kernels::Shape& shape = p.inputs[0].shape;
-    const int64_t width = shape.empty() ? 1 : shape.back();
-    const int64_t rows = width == 0 ? 0 : kernels::CheckedNumElements(shape) / width;
-    const CUdeviceptr weight = in.size() > 1 ? in[1] : 0;
-    const CUdeviceptr bias = in.size() > 2 ? in[2] : 0;
-    return Rows(l, t, "tessera_norm_" + Suffix(p.inputs[0].dtype), tc::AxisParams{rows, width, 1},
-                static_cast<int>(name == "rms_norm"), rows, width, in[0], weight, bias, out[0],
-                kernels::AttrFloat(p.attrs, "eps"));
-  }
-  if (name == "transpose") return Transpose(l, t, p, in[0], out[0]);
-  if (name == "matmul") return Matmul(l, t, p, in[0], in[1], out[0]);
-  return absl::InternalError(absl::StrCat("the CUDA backend has no kernel for ", name));
+  return absl::InternalError(absl::StrCat("the CUDA backend has no kernel for ", p.kernel->name));
 }
 
 }  // namespace tessera::cuda

@@ -2,7 +2,7 @@
 #define TESSERA_SERVER_BACKEND_CUDA_LAUNCH_H_
 
 // From a validated plan to work on a stream: the catalog's kernels from the embedded fatbins,
-// matmul through cuBLAS.
+// matmul through cuBLAS, as ops.h maps each op.
 #include <map>
 #include <string>
 #include <vector>
@@ -50,6 +50,10 @@ struct LaunchTarget {
 /// Whether a kernel may write an output that is also one of its inputs (element-wise
 /// kernels read and write each element in the same thread); others are staged.
 bool AliasSafe(const kernels::Plan& plan);
+
+/// Whether the plan's op runs on cuBLAS, so that its context needs the tenant's handle (and
+/// its workspace) before RunStep.
+bool UsesCublas(const kernels::Plan& plan);
 
 /// Enqueues `plan` on the target's stream. Buffers are device pointers with the plan's metas,
 /// inputs then outputs; no output overlaps an input unless AliasSafe. Errors are the

@@ -1,0 +1,59 @@
+#ifndef TESSERA_SERVER_BACKEND_CUDA_OPS_H_
+#define TESSERA_SERVER_BACKEND_CUDA_OPS_H_
+
+// What the CUDA backend runs for each catalog op, as data: the launcher, its operation code
+// and the fatbin entry point. Plain C++ without CUDA headers, so that the unit tests check it
+// on any host; launch.cc carries it out.
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "kernels/registry.h"
+
+namespace tessera::cuda {
+
+/// The launchers of launch.cc, with the entry point each launches (kernels/cuda/*.cu).
+enum class CudaLauncher {
+  kNone,     // no CUDA implementation: RunStep fails with INTERNAL
+  kFill,     // tessera_fill
+  kCopy,     // cuMemcpyDtoDAsync, no kernel
+  kCast,     // tessera_cast
+  kUnary,    // tessera_unary_<dtype>; code: a tessera_cuda::UnaryCode
+  kBinary,   // tessera_binary_<dtype>; code: a tessera_cuda::BinaryCode
+  kReduce,   // tessera_reduce_<dtype>; code: a tessera_cuda::ReduceCode
+  kArgmax,   // tessera_argmax_<dtype>
+  kSoftmax,  // tessera_softmax_<dtype>; code: 1 for log-softmax
+  kNorm,     // tessera_norm_<dtype>; code: 1 for RMS norm
+  kPermute,  // tessera_permute_<element bytes>
+  kMatmul,   // cuBLAS (the tenant's handle); an empty product scales y with tessera_unary_<dtype>
+};
+
+/// How the CUDA backend implements one op.
+struct CudaImpl {
+  CudaLauncher launcher = CudaLauncher::kNone;
+  /// The launcher's operation code or variant (see CudaLauncher); 0 where it has none.
+  int code = 0;
+  /// Whether an output may also be one of the inputs: true where each element is read and
+  /// written by the same thread. Otherwise the backend stages such an output through a
+  /// temporary.
+  bool alias_safe = false;
+};
+
+/// The CUDA backend's dispatch: one switch over every op, with no default. Thread-safe.
+CudaImpl CudaImplOf(kernels::Op op);
+
+/// Whether the CUDA backend implements `op`: true for every op of the catalog (checked by
+/// tests/unit/kernels/implementations_test.cc). Thread-safe.
+bool CudaImplements(kernels::Op op);
+
+/// The entry point that `launcher` launches for operands of `dtype` (the input's, which for
+/// the element-wise ops is also the output's); empty where it launches none (kNone, kCopy).
+std::string EntryPointOf(CudaLauncher launcher, kernels::DType dtype);
+
+/// Every entry point the embedded fatbins export (the instantiations in kernels/cuda/*.cu),
+/// each resolved when the module loads; includes tessera_test_fault. Thread-safe.
+const std::vector<std::string>& FatbinEntryPoints();
+
+}  // namespace tessera::cuda
+
+#endif  // TESSERA_SERVER_BACKEND_CUDA_OPS_H_
