@@ -93,7 +93,9 @@ const TestBackend& BackendUnderTest() {
   static const TestBackend* const backend = [] {
     const char* env = std::getenv("TESSERA_TEST_BACKEND");
     const std::string name = env == nullptr || *env == '\0' ? "cpu" : env;
-    auto* b = new TestBackend{.name = name, .args = {absl::StrCat("--backend=", name)}};
+    // Every server of the suite checks its lock order: a potential deadlock aborts it.
+    auto* b = new TestBackend{
+        .name = name, .args = {absl::StrCat("--backend=", name), "--deadlock_detection=abort"}};
     if (name == "cpu") {
       b->args.push_back(absl::StrCat("--cpu_memory_bytes=", kTestDeviceMemoryBytes));
     } else if (name == "cuda") {
