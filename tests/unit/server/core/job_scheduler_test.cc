@@ -53,33 +53,26 @@ class Recorder {
     absl::MutexLock lock(&mu_);
     charges_.clear();
   }
-  // Releases may happen on another thread that is dispatching (the deadline thread).
-  bool AwaitReleased(size_t n, absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    std::pair<Recorder*, size_t> want(this, n);
-    return mu_.AwaitWithTimeout(
-        absl::Condition(
-            +[](std::pair<Recorder*, size_t>* p)
-                 ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->first->released_.size() >= p->second; },
-            &want),
-        timeout);
-  }
-  bool AwaitDropped(size_t n, absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    std::pair<Recorder*, size_t> want(this, n);
-    return mu_.AwaitWithTimeout(
-        absl::Condition(
-            +[](std::pair<Recorder*, size_t>* p)
-                 ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->first->dropped_.size() >= p->second; },
-            &want),
-        timeout);
-  }
+  // Releases and drops may happen on another thread that is dispatching (the deadline
+  // thread): wait until there are at least `n`.
+  bool AwaitReleased(size_t n, absl::Duration timeout) { return Await(released_, n, timeout); }
+  bool AwaitDropped(size_t n, absl::Duration timeout) { return Await(dropped_, n, timeout); }
 
  private:
   absl::Mutex mu_;
   std::vector<int> released_ ABSL_GUARDED_BY(mu_);
   std::vector<MemoryCharge> charges_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int, absl::StatusCode>> dropped_ ABSL_GUARDED_BY(mu_);
+
+  template <typename T>
+  bool Await(const std::vector<T>& seen, size_t n, absl::Duration timeout) {
+    using Want = std::pair<const std::vector<T>*, size_t>;
+    Want want(&seen, n);
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(
+                                    +[](Want* w) { return w->first->size() >= w->second; }, &want),
+                                timeout);
+  }
 };
 
 std::shared_ptr<MemoryLedger> Ledger(uint64_t quota = 1000) {
