@@ -125,7 +125,8 @@ struct Device {
 };
 
 struct Allocation {
-  uint64_t size;
+  uint64_t size;       // what the device accounts: the request rounded up to 256 bytes
+  uint64_t requested;  // what the caller asked for: the only bytes it may touch
   CUctx_st* context;
 };
 
@@ -396,7 +397,7 @@ bool Owned(CUctx_st* context, uintptr_t ptr, uint64_t bytes) {
   auto it = g.allocations.upper_bound(ptr);
   if (it == g.allocations.begin()) return false;
   --it;
-  return it->second.context == context && ptr + bytes <= it->first + it->second.size;
+  return it->second.context == context && ptr + bytes <= it->first + it->second.requested;
 }
 
 CUresult CheckRange(CUctx_st* context, CUdeviceptr ptr, uint64_t bytes, const char* what) {
@@ -636,6 +637,12 @@ CUresult Fake_cuCtxPopCurrent(CUcontext* ctx) {
   }
   if (ctx != nullptr) *ctx = t_current.back();
   t_current.pop_back();
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuCtxGetCurrent(CUcontext* ctx) {
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *ctx = Current();
   return CUDA_SUCCESS;
 }
 
@@ -945,7 +952,7 @@ CUresult Fake_cuMemAlloc(CUdeviceptr* ptr, size_t bytes) {
   if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::memset(p, 0xA5, size);  // device memory is not zeroed
   d.used += size;
-  g.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{size, c};
+  g.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{size, bytes, c};
   TrackLocked(FakeCudaKind::kDeviceMemory, p, c, "cuMemAlloc");
   *ptr = reinterpret_cast<CUdeviceptr>(p);
   return CUDA_SUCCESS;
@@ -1407,6 +1414,7 @@ const std::vector<Entry>& Entries() {
       FAKE_ENTRY(cuCtxDestroy),
       FAKE_ENTRY(cuCtxPushCurrent),
       FAKE_ENTRY(cuCtxPopCurrent),
+      FAKE_ENTRY(cuCtxGetCurrent),
       FAKE_ENTRY(cuCtxGetExecAffinity),
       FAKE_ENTRY(cuCtxGetStreamPriorityRange),
       FAKE_ENTRY(cuMemAlloc),
@@ -1527,4 +1535,32 @@ FAKE_EXPORT void tessera_fake_cuda_fail(const char* call, int after, int error) 
   g.fail_call = call == nullptr ? "" : call;
   g.fail_after = after;
   g.fail_error = static_cast<CUresult>(error);
+}
+
+// For the fake cuBLAS (fake_cublas.cc), which works on this driver's streams and memory.
+
+FAKE_EXPORT int tessera_fake_cuda_stream_context(CUstream stream, CUcontext* out) {
+  if (stream == nullptr || out == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *out = stream->context;
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT int tessera_fake_cuda_enqueue(CUstream stream, int (*op)(void*), void* data) {
+  if (CUresult r = StreamIn(stream, "tessera_fake_cuda_enqueue"); r != CUDA_SUCCESS) return r;
+  stream->Enqueue([op, data] { return static_cast<CUresult>(op(data)); });
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT int tessera_fake_cuda_check_range(CUstream stream, unsigned long long ptr,
+                                              unsigned long long bytes, char* why, int size) {
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (bytes == 0 || Owned(stream->context, static_cast<uintptr_t>(ptr), bytes)) {
+    return CUDA_SUCCESS;
+  }
+  if (why != nullptr && size > 0) {
+    std::snprintf(why, static_cast<size_t>(size),
+                  "[0x%llx, +%llu) is not inside one allocation of the stream's context", ptr,
+                  bytes);
+  }
+  return CUDA_ERROR_ILLEGAL_ADDRESS;
 }

@@ -79,6 +79,17 @@ using FakeCudaResetFn = void (*)();
 /// cuLaunchHostFunc, cuMemAlloc, cuMemHostAlloc.
 using FakeCudaFailFn = void (*)(const char* call, int after, int error);
 
+// For the fake cuBLAS (fake_cublas.cc), declared there with the driver's types:
+//   int tessera_fake_cuda_stream_context(CUstream, CUcontext* out)
+//       the context a stream belongs to.
+//   int tessera_fake_cuda_enqueue(CUstream, int (*op)(void*), void* data)
+//       runs op(data) on the stream in order; a nonzero CUresult it returns is a sticky
+//       fault of the stream's context, like a kernel's.
+//   int tessera_fake_cuda_check_range(CUstream, unsigned long long ptr,
+//                                     unsigned long long bytes, char* why, int size)
+//       CUDA_SUCCESS when [ptr, ptr + bytes) lies inside one allocation (the size requested)
+//       of the stream's context; else CUDA_ERROR_ILLEGAL_ADDRESS and the reason in `why`.
+
 /// The fake driver as loaded in this process. Thread-safe; the fake stays loaded for the
 /// process's life (it is linked -z nodelete), so the reader may outlive every other handle.
 class FakeCudaDriver {
