@@ -79,7 +79,21 @@ namespace {
 // SIGINT/SIGTERM are turned into a byte on this pipe by an async-signal-safe handler, so
 // shutdown starts whichever thread the kernel picks (libraries such as OpenBLAS start
 // threads before main runs, with the signals unblocked).
+//
+// Every thread that the server starts has both signals blocked (they are blocked in main
+// before it starts any, and threads inherit the mask); main unblocks them only while it waits.
+// So the handler never interrupts a gRPC, backend or scheduler thread's system call, and
+// under ThreadSanitizer, which runs a handler only when its thread next leaves an intercepted
+// call, it cannot be put off for ever in a thread parked in a raw futex wait.
 int signal_pipe[2] = {-1, -1};
+
+sigset_t ShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  return signals;
+}
 
 extern "C" void OnShutdownSignal(int signal_number) {
   char byte = static_cast<char>(signal_number);
@@ -92,15 +106,23 @@ absl::Status InstallSignalHandlers() {
   struct sigaction action = {};
   action.sa_handler = OnShutdownSignal;
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
+  // No SA_RESTART: the waiting read() returns EINTR. ThreadSanitizer runs a handler only when
+  // its thread leaves an intercepted call, so a restarted read() would wait for ever.
+  action.sa_flags = 0;
   if (sigaction(SIGINT, &action, nullptr) != 0 || sigaction(SIGTERM, &action, nullptr) != 0) {
     return absl::InternalError("sigaction failed");
+  }
+  sigset_t signals = ShutdownSignals();
+  if (pthread_sigmask(SIG_BLOCK, &signals, nullptr) != 0) {
+    return absl::InternalError("pthread_sigmask failed");
   }
   return absl::OkStatus();
 }
 
 /// Blocks until SIGINT or SIGTERM arrives; returns which.
 int WaitForShutdownSignal() {
+  sigset_t signals = ShutdownSignals();
+  pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);  // one that came already is delivered now
   char byte = 0;
   while (read(signal_pipe[0], &byte, 1) != 1) {
   }

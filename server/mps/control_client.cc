@@ -69,6 +69,16 @@ std::vector<std::string> EnvironmentWith(
   return env;
 }
 
+SpawnAttributes::SpawnAttributes() {
+  posix_spawnattr_init(&attributes_);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes_, &none);
+  posix_spawnattr_setflags(&attributes_, POSIX_SPAWN_SETSIGMASK);
+}
+
+SpawnAttributes::~SpawnAttributes() { posix_spawnattr_destroy(&attributes_); }
+
 absl::string_view MpsServerStateName(MpsServerState state) {
   switch (state) {
     case MpsServerState::kInitializing:
@@ -169,7 +179,8 @@ absl::StatusOr<std::string> MpsControlClient::Run(absl::string_view command) con
   std::string binary = options_.binary;
   char* argv[] = {binary.data(), nullptr};
   pid_t pid = -1;
-  int spawned = posix_spawnp(&pid, binary.c_str(), &actions, nullptr, argv, envp.data());
+  SpawnAttributes attributes;
+  int spawned = posix_spawnp(&pid, binary.c_str(), &actions, attributes.get(), argv, envp.data());
   posix_spawn_file_actions_destroy(&actions);
   CloseAll({&in[0], &out[1], &err[1]});
   if (spawned != 0) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <spawn.h>
 #include <sys/types.h>
 
 #include "absl/status/statusor.h"
@@ -41,6 +42,21 @@ absl::StatusOr<double> ParsePercentage(absl::string_view text);
 /// as "NAME=value" strings for posix_spawn.
 std::vector<std::string> EnvironmentWith(
     const std::vector<std::pair<std::string, std::string>>& overrides);
+
+/// posix_spawn attributes for the processes the server starts: an empty signal mask. The
+/// server blocks SIGINT and SIGTERM in every thread but the one that waits for them (main.cc),
+/// and a blocked mask survives exec: without this, the control daemon would ignore SIGTERM.
+class SpawnAttributes {
+ public:
+  SpawnAttributes();
+  ~SpawnAttributes();
+  SpawnAttributes(const SpawnAttributes&) = delete;
+  SpawnAttributes& operator=(const SpawnAttributes&) = delete;
+  const posix_spawnattr_t* get() const { return &attributes_; }
+
+ private:
+  posix_spawnattr_t attributes_;
+};
 
 class MpsControlClient {
  public:

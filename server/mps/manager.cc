@@ -107,7 +107,9 @@ absl::Status MpsManager::StartLocked(Daemon& d) {
   std::string daemon_flag = "-d";
   char* argv[] = {binary.data(), daemon_flag.data(), nullptr};
   pid_t launcher = -1;
-  int spawned = posix_spawnp(&launcher, binary.c_str(), nullptr, nullptr, argv, envp.data());
+  SpawnAttributes attributes;
+  int spawned =
+      posix_spawnp(&launcher, binary.c_str(), nullptr, attributes.get(), argv, envp.data());
   if (spawned != 0) {
     d.error = absl::StrCat("cannot run ", binary, " -d: ", std::strerror(spawned));
     return absl::FailedPreconditionError(d.error);

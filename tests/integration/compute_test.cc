@@ -305,9 +305,13 @@ TEST_F(ComputeTest, DeadlinesAreHonoured) {
   absl::Status s = (*hurried)->Submit(slow).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  // The job was accepted and runs to completion regardless.
+  // The job was accepted; the call's deadline is also the job's, so it either started in
+  // time and runs to completion regardless, or was still queued and expired (a slow machine,
+  // a sanitizer build): one or the other, never lost.
   ASSERT_TRUE(tenant_->Synchronize().ok());
-  EXPECT_EQ(tenant_->GetUsage()->jobs_succeeded(), 1u);
+  auto usage = tenant_->GetUsage();
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->jobs_succeeded() + usage->jobs_expired(), 1u);
 }
 
 TEST_F(ComputeTest, KernelsAndUsage) {

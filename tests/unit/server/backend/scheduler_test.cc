@@ -41,12 +41,15 @@ TEST(CpuSchedulerTest, OneStreamRunsInOrderOneAtATime) {
 }
 
 TEST(CpuSchedulerTest, StreamsAndTenantsRunConcurrently) {
+  // Two tasks that each wait for the other: they finish only if they run at once. What they
+  // share is declared before the scheduler, which joins its workers: a task can still be
+  // inside WaitForNotification when the test body ends.
+  std::atomic<int> arrived{0};
+  absl::Notification both;
+  absl::Notification across;
   CpuScheduler scheduler(2);
   auto a = scheduler.AddTenant(100, 2);
   auto b = scheduler.AddTenant(100, 1);
-  // Two tasks that each wait for the other: they finish only if they run at once.
-  std::atomic<int> arrived{0};
-  absl::Notification both;
   auto rendezvous = [&](kernels::Parallel&, bool) {
     if (arrived.fetch_add(1) == 1) both.Notify();
     both.WaitForNotificationWithTimeout(absl::Seconds(20));
@@ -55,7 +58,6 @@ TEST(CpuSchedulerTest, StreamsAndTenantsRunConcurrently) {
   a->Submit(1, rendezvous);
   EXPECT_TRUE(both.WaitForNotificationWithTimeout(absl::Seconds(20)));
   arrived = 0;
-  absl::Notification across;
   auto rendezvous2 = [&](kernels::Parallel&, bool) {
     if (arrived.fetch_add(1) == 1) across.Notify();
     across.WaitForNotificationWithTimeout(absl::Seconds(20));

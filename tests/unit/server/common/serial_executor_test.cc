@@ -31,9 +31,11 @@ TEST(SerialExecutorTest, RunsTasksInOrderOneAtATime) {
 }
 
 TEST(SerialExecutorTest, BoundsTheQueue) {
-  SerialExecutor executor("bounded", 2);
+  // Declared before the executor, which joins its thread: the task may still be inside
+  // release.WaitForNotification() when the test body ends.
   absl::Notification release;
   absl::Notification started;
+  SerialExecutor executor("bounded", 2);
   ASSERT_TRUE(executor
                   .Schedule([&] {
                     started.Notify();

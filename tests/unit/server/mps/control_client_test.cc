@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <signal.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -113,6 +115,20 @@ TEST_F(MpsControlClientTest, AHangIsCutOffAtTheTimeout) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(s.message(), HasSubstr("killed"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// The server blocks SIGTERM in its threads (main.cc); what it starts must not inherit that.
+TEST(MpsControlClientSpawnTest, ChildrenStartWithNoSignalBlocked) {
+  sigset_t term, previous;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &term, &previous), 0);
+  // /bin/sh runs the "command" it reads on stdin.
+  absl::StatusOr<std::string> out =
+      MpsControlClient({.binary = "/bin/sh"}).Run("grep SigBlk /proc/self/status");
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, HasSubstr("SigBlk:\t0000000000000000"));
 }
 
 TEST(MpsControlClientMissingTest, AMissingBinaryIsFailedPrecondition) {
