@@ -1,10 +1,13 @@
 // A CUDA driver for hosts without a GPU: libcuda.so.1 exporting cuGetProcAddress_v2 and
 // cuDriverGetVersion like NVIDIA's, serving the CUDA 13 entry points the CUDA backend module
 // uses. Device memory is host memory, every stream is a thread that runs its operations in
-// order, and the kernels the tests need (f32 element-wise, f32 reductions, 4-byte
-// transposes, fill, the test fault) are emulated from their launch parameters, so the
-// backend's own code (contexts, streams, staging, completion, launch geometry, faults) runs
-// unchanged on CI machines.
+// order, and a kernel launch runs our own kernel sources (kernels/cuda/*.cu) compiled for the
+// host, every thread of every block, with every load and store checked (device.h,
+// device_runtime.cc), so the backend's own code (contexts, streams, staging, completion,
+// launch geometry, faults) and the kernels' code run unchanged on CI machines. A kernel's
+// memory fault (another context's memory, past an allocation's end, ...) is a sticky error of
+// its context, as on a GPU, and is printed as "fake libcuda: device fault: ..." with the kernel,
+// block, thread and address.
 //
 // It behaves like the driver where the backend depends on it and is strict where the real
 // one would be undefined: a call that needs a current context without one, memory touched
@@ -82,11 +85,11 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include "kernels/cuda/params.h"
+#include "tests/testing/fake_cuda/host_kernels.h"
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
-namespace tc = ::tessera_cuda;
+namespace tf = ::tessera::fake_cuda;
 using Clock = std::chrono::steady_clock;
 using ::tessera::testing::FakeCudaKind;
 using ::tessera::testing::FakeCudaTally;
@@ -96,6 +99,10 @@ struct CUctx_st;
 namespace {
 
 constexpr uint64_t kContextOverhead = 64ull << 20;  // device memory a context holds
+// Bytes after each allocation that belong to no allocation, so that an access just past one
+// never lands in the next (kernels' accesses are checked against the size requested anyway).
+constexpr uint64_t kGuardBytes = 256;
+constexpr unsigned char kGuardPattern = 0xFD;
 constexpr int kDriverVersion = 13000;
 
 std::atomic<int> g_misuses{0};
@@ -108,6 +115,18 @@ void Misuse(const char* format, ...) {
   va_end(args);
   std::fprintf(stderr, "fake libcuda: misuse: %s\n", text);
   g_misuses.fetch_add(1);
+}
+
+// Faults of kernels (device_runtime.cc): counted and the last one kept, for tests.
+std::mutex g_device_error_mu;
+int g_device_errors = 0;
+std::string g_device_error;
+
+void DeviceError(const std::string& message) {
+  std::fprintf(stderr, "fake libcuda: device fault: %s\n", message.c_str());
+  std::lock_guard<std::mutex> lock(g_device_error_mu);
+  ++g_device_errors;
+  g_device_error = message;
 }
 
 int EnvInt(const char* name, int fallback) {
@@ -225,7 +244,7 @@ struct CUlib_st {
 };
 
 struct CUkern_st {
-  std::string name;
+  const tf::HostKernel* host = nullptr;
 };
 
 namespace {
@@ -948,9 +967,10 @@ CUresult Fake_cuMemAlloc(CUdeviceptr* ptr, size_t bytes) {
   std::lock_guard<std::mutex> lock(g.mu);
   Device& d = g.devices[static_cast<size_t>(c->device)];
   if (d.used + size > d.memory) return CUDA_ERROR_OUT_OF_MEMORY;
-  void* p = std::aligned_alloc(256, size);
+  void* p = std::aligned_alloc(256, size + kGuardBytes);
   if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::memset(p, 0xA5, size);  // device memory is not zeroed
+  std::memset(static_cast<char*>(p) + size, kGuardPattern, kGuardBytes);
   d.used += size;
   g.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{size, bytes, c};
   TrackLocked(FakeCudaKind::kDeviceMemory, p, c, "cuMemAlloc");
@@ -971,6 +991,11 @@ CUresult Fake_cuMemFree(CUdeviceptr ptr) {
   if (it->second.context != c) {
     Misuse("cuMemFree of 0x%llx from another context", static_cast<unsigned long long>(ptr));
     return CUDA_ERROR_INVALID_VALUE;
+  }
+  const auto* guard = reinterpret_cast<const unsigned char*>(it->first + it->second.size);
+  if (std::any_of(guard, guard + kGuardBytes, [](unsigned char b) { return b != kGuardPattern; })) {
+    Misuse("cuMemFree of 0x%llx: something wrote past its end, into its guard zone",
+           static_cast<unsigned long long>(ptr));
   }
   g.devices[static_cast<size_t>(c->device)].used -= it->second.size;
   UntrackLocked(FakeCudaKind::kDeviceMemory, reinterpret_cast<void*>(it->first));
@@ -1098,238 +1123,82 @@ CUresult Fake_cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char
   const unsigned char* end = library->image + library->size;
   auto it = std::search(library->image, end, needle.begin(), needle.end());
   if (it == end) return CUDA_ERROR_NOT_FOUND;
-  *kernel = new CUkern_st{name};
+  std::string error;
+  const tf::HostKernel* host = tf::FindHostKernel(name, &error);
+  if (host == nullptr) {  // in the image but not built for the host: tests/CMakeLists.txt
+    Misuse("kernel %s has no host build in the fake driver%s%s", name, error.empty() ? "" : ": ",
+           error.c_str());
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  *kernel = new CUkern_st{host};
   return CUDA_SUCCESS;
 }
 
-// Emulated kernels: each reads its arguments at launch (the driver copies them then) and
-// returns the work for the stream plus the device ranges it touches.
-struct Range {
-  CUdeviceptr ptr;
-  uint64_t bytes;
-};
-struct Emulated {
-  std::vector<Range> touches;
-  std::function<CUresult()> run;
-  bool rows = false;  // block reductions: blockDim must be a multiple of 32
-};
-
-template <typename T>
-T Arg(void** params, int i) {
-  T value;
-  std::memcpy(&value, params[i], sizeof(T));
-  return value;
-}
-
-int64_t Offset(int64_t i, int rank, const int64_t* shape, const int64_t* strides) {
-  int64_t offset = 0;
-  for (int d = rank - 1; d >= 0; --d) {
-    offset += (i % shape[d]) * strides[d];
-    i /= shape[d];
-  }
-  return offset;
-}
-
-int64_t Extent(int rank, const int64_t* shape, const int64_t* strides) {
-  int64_t last = 0;
-  for (int d = 0; d < rank; ++d) last += (shape[d] - 1) * strides[d];
-  return last + 1;
-}
-
-float UnaryF32(int op, float x, float alpha, float beta) {
-  switch (op) {
-    case tc::kNeg:
-      return -x;
-    case tc::kAbs:
-      return std::fabs(x);
-    case tc::kRelu:
-      return x < 0.0f ? 0.0f : x;
-    case tc::kExp:
-      return std::exp(x);
-    case tc::kLog:
-      return std::log(x);
-    case tc::kSqrt:
-      return std::sqrt(x);
-    case tc::kRsqrt:
-      return 1.0f / std::sqrt(x);
-    case tc::kGelu:
-      return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752440f));
-    case tc::kSigmoid:
-      return 1.0f / (1.0f + std::exp(-x));
-    case tc::kTanh:
-      return std::tanh(x);
-    case tc::kScale:
-      return alpha * x + beta;
-  }
-  return x;
-}
-
-float BinaryF32(int op, float a, float b) {
-  switch (op) {
-    case tc::kAdd:
-      return a + b;
-    case tc::kSub:
-      return a - b;
-    case tc::kMul:
-      return a * b;
-    case tc::kDiv:
-      return a / b;
-    case tc::kMaximum:
-      return (std::isnan(a) || a > b) ? a : b;
-    case tc::kMinimum:
-      return (std::isnan(a) || a < b) ? a : b;
-    case tc::kPow:
-      return std::pow(a, b);
-  }
-  return a;
-}
-
-bool Emulate(const std::string& name, void** p, Emulated& e) {
-  if (name == "tessera_unary_f32") {
-    const int op = Arg<int>(p, 0);
-    const int64_t n = Arg<int64_t>(p, 1);
-    const auto x = Arg<const float*>(p, 2);
-    const auto y = Arg<float*>(p, 3);
-    const auto alpha = static_cast<float>(Arg<double>(p, 4));
-    const auto beta = static_cast<float>(Arg<double>(p, 5));
-    e.touches = {{reinterpret_cast<CUdeviceptr>(x), n * 4ull},
-                 {reinterpret_cast<CUdeviceptr>(y), n * 4ull}};
-    e.run = [=] {
-      for (int64_t i = 0; i < n; ++i) y[i] = UnaryF32(op, x[i], alpha, beta);
-      return CUDA_SUCCESS;
-    };
-    return true;
-  }
-  if (name == "tessera_binary_f32") {
-    const int op = Arg<int>(p, 0);
-    const auto bp = Arg<tc::BinaryParams>(p, 1);
-    const auto a = Arg<const float*>(p, 2);
-    const auto b = Arg<const float*>(p, 3);
-    const auto y = Arg<float*>(p, 4);
-    e.touches = {
-        {reinterpret_cast<CUdeviceptr>(a), uint64_t(Extent(bp.rank, bp.shape, bp.stride_a)) * 4},
-        {reinterpret_cast<CUdeviceptr>(b), uint64_t(Extent(bp.rank, bp.shape, bp.stride_b)) * 4},
-        {reinterpret_cast<CUdeviceptr>(y), uint64_t(bp.n) * 4}};
-    e.run = [=] {
-      for (int64_t i = 0; i < bp.n; ++i) {
-        const int64_t ia = bp.contiguous ? i : Offset(i, bp.rank, bp.shape, bp.stride_a);
-        const int64_t ib = bp.contiguous ? i : Offset(i, bp.rank, bp.shape, bp.stride_b);
-        y[i] = BinaryF32(op, a[ia], b[ib]);
-      }
-      return CUDA_SUCCESS;
-    };
-    return true;
-  }
-  if (name == "tessera_reduce_f32") {
-    const int op = Arg<int>(p, 0);
-    const auto rp = Arg<tc::ReduceParams>(p, 1);
-    const auto x = Arg<const float*>(p, 2);
-    const auto y = Arg<float*>(p, 3);
-    const int64_t extent =
-        rp.count == 0 ? 0
-                      : Extent(rp.kept_rank, rp.kept_shape, rp.kept_strides) +
-                            Extent(rp.reduced_rank, rp.reduced_shape, rp.reduced_strides) - 1;
-    e.touches = {{reinterpret_cast<CUdeviceptr>(x), uint64_t(extent) * 4},
-                 {reinterpret_cast<CUdeviceptr>(y), uint64_t(rp.outputs) * 4}};
-    e.rows = true;
-    e.run = [=] {
-      for (int64_t o = 0; o < rp.outputs; ++o) {
-        const int64_t base = Offset(o, rp.kept_rank, rp.kept_shape, rp.kept_strides);
-        double acc = op == tc::kMax ? -INFINITY : op == tc::kMin ? INFINITY : 0.0;
-        for (int64_t r = 0; r < rp.count; ++r) {
-          const double v =
-              x[base + Offset(r, rp.reduced_rank, rp.reduced_shape, rp.reduced_strides)];
-          if (op == tc::kSum || op == tc::kMean) {
-            acc += v;
-          } else if (!std::isnan(acc)) {
-            acc = (std::isnan(v) || (op == tc::kMax ? v > acc : v < acc)) ? v : acc;
-          }
-        }
-        if (op == tc::kMean) acc = rp.count == 0 ? NAN : acc / static_cast<double>(rp.count);
-        y[o] = static_cast<float>(acc);
-      }
-      return CUDA_SUCCESS;
-    };
-    return true;
-  }
-  if (name == "tessera_permute_4") {
-    const auto pp = Arg<tc::PermuteParams>(p, 0);
-    const auto x = Arg<const uint32_t*>(p, 1);
-    const auto y = Arg<uint32_t*>(p, 2);
-    e.touches = {{reinterpret_cast<CUdeviceptr>(x),
-                  uint64_t(Extent(pp.rank, pp.out_shape, pp.in_strides)) * 4},
-                 {reinterpret_cast<CUdeviceptr>(y), uint64_t(pp.n) * 4}};
-    e.run = [=] {
-      for (int64_t i = 0; i < pp.n; ++i) y[i] = x[Offset(i, pp.rank, pp.out_shape, pp.in_strides)];
-      return CUDA_SUCCESS;
-    };
-    return true;
-  }
-  if (name == "tessera_fill") {
-    const int64_t n = Arg<int64_t>(p, 0);
-    void* y = Arg<void*>(p, 1);
-    const int dtype = Arg<int>(p, 2);  // kernels::DType: 1 f32, 4 f64, 5 i32, 6 i64
-    const double value = Arg<double>(p, 3);
-    const int size = dtype == 1 || dtype == 5 ? 4 : dtype == 4 || dtype == 6 ? 8 : 0;
-    if (size == 0) return false;
-    e.touches = {{reinterpret_cast<CUdeviceptr>(y), uint64_t(n) * size}};
-    e.run = [=] {
-      for (int64_t i = 0; i < n; ++i) {
-        if (dtype == 1) static_cast<float*>(y)[i] = static_cast<float>(value);
-        if (dtype == 4) static_cast<double*>(y)[i] = value;
-        if (dtype == 5) static_cast<int32_t*>(y)[i] = static_cast<int32_t>(value);
-        if (dtype == 6) static_cast<int64_t*>(y)[i] = static_cast<int64_t>(value);
-      }
-      return CUDA_SUCCESS;
-    };
-    return true;
-  }
-  if (name == "tessera_test_fault") {
-    const int64_t address = Arg<int64_t>(p, 0);
-    e.run = [address] {
-      (void)address;  // never mapped: the store faults
-      return CUDA_ERROR_ILLEGAL_ADDRESS;
-    };
-    return true;
-  }
-  return false;
-}
-
+// A launch runs the kernel's host build (host_kernels.h, device_runtime.cc) on the stream,
+// with copies of its parameters taken now, as the driver takes them.
 CUresult Fake_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                              unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
                              CUstream stream, void** params, void** extra) {
-  if (f == nullptr || params == nullptr || extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (f == nullptr || extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = StreamIn(stream, "cuLaunchKernel"); r != CUDA_SUCCESS) return r;
   if (Current() != stream->context) {
     Misuse("cuLaunchKernel on a stream of a context that is not current");
     return CUDA_ERROR_INVALID_HANDLE;
   }
-  const std::string& name = reinterpret_cast<CUkern_st*>(f)->name;
-  if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || bx > 1024 || by != 1 || bz != 1 || shmem != 0) {
-    Misuse("%s launched with grid %ux%ux%u, block %ux%ux%u, %u bytes of shared memory",
-           name.c_str(), gx, gy, gz, bx, by, bz, shmem);
+  const tf::HostKernel* kernel = reinterpret_cast<CUkern_st*>(f)->host;
+  const char* name = kernel->name;
+  // The limits of compute capability 8.0 and 9.0 (CUDA C++ Programming Guide).
+  if (gx == 0 || gy == 0 || gz == 0 || gx > 0x7fffffffu || gy > 65535 || gz > 65535 || bx == 0 ||
+      by == 0 || bz == 0 || bx > 1024 || by > 1024 || bz > 64 || uint64_t{bx} * by * bz > 1024) {
+    Misuse("%s launched with grid %ux%ux%u and block %ux%ux%u", name, gx, gy, gz, bx, by, bz);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  Emulated e;
-  if (!Emulate(name, params, e)) {
-    std::fprintf(stderr, "fake libcuda: kernel %s (these arguments) is not emulated\n",
-                 name.c_str());
-    return CUDA_ERROR_NOT_SUPPORTED;
-  }
-  if (e.rows && bx % 32 != 0) {
-    Misuse("%s needs a multiple of 32 threads per block, got %u", name.c_str(), bx);
+  if (shmem != 0) {  // the kernels have only static shared memory (device.h)
+    Misuse("%s launched with %u bytes of dynamic shared memory", name, shmem);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  for (const Range& range : e.touches) {
-    if (range.bytes != 0 && !Owned(stream->context, range.ptr, range.bytes)) {
-      Misuse("%s would touch [0x%llx, +%llu) outside the context's allocations", name.c_str(),
-             static_cast<unsigned long long>(range.ptr),
-             static_cast<unsigned long long>(range.bytes));
-      stream->Enqueue([] { return CUDA_ERROR_ILLEGAL_ADDRESS; });
-      return CUDA_SUCCESS;  // as on a GPU, the fault surfaces asynchronously
+  if (kernel->params > 0 && params == nullptr) {
+    Misuse("%s launched without its %d parameters", name, kernel->params);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // The parameters, copied now, each at its alignment.
+  struct Launch {
+    std::vector<std::max_align_t> storage;
+    std::vector<void*> pointers;
+  };
+  auto launch = std::make_shared<Launch>();
+  size_t bytes = 0;
+  std::vector<size_t> offsets;
+  for (int i = 0; i < kernel->params; ++i) {
+    const size_t align = kernel->alignments[static_cast<size_t>(i)];
+    bytes = (bytes + align - 1) / align * align;
+    offsets.push_back(bytes);
+    bytes += kernel->sizes[static_cast<size_t>(i)];
+  }
+  launch->storage.resize(bytes / sizeof(std::max_align_t) + 1);
+  auto* base = reinterpret_cast<char*>(launch->storage.data());
+  for (int i = 0; i < kernel->params; ++i) {
+    std::memcpy(base + offsets[static_cast<size_t>(i)], params[i],
+                kernel->sizes[static_cast<size_t>(i)]);
+    launch->pointers.push_back(base + offsets[static_cast<size_t>(i)]);
+  }
+  CUctx_st* context = stream->context;
+  const dim3 grid(gx, gy, gz), block(bx, by, bz);
+  stream->Enqueue([kernel, launch, context, grid, block] {
+    std::vector<tf::DeviceRange> memory;
+    {
+      std::lock_guard<std::mutex> lock(G().mu);
+      memory.reserve(G().allocations.size());
+      for (const auto& [address, a] : G().allocations) {
+        memory.push_back({address, a.requested, a.size + kGuardBytes, a.context});
+      }
     }
-  }
-  stream->Enqueue(std::move(e.run));
+    std::string message;
+    const int error =
+        tf::RunHostKernel(*kernel, grid, block, launch->pointers.data(), memory, context, &message);
+    if (error != CUDA_SUCCESS) DeviceError(message);
+    return static_cast<CUresult>(error);
+  });
   return CUDA_SUCCESS;
 }
 
@@ -1527,6 +1396,17 @@ FAKE_EXPORT void tessera_fake_cuda_reset() {
   g.ended.clear();
   g.fail_error = CUDA_SUCCESS;
   g_misuses.store(0);
+  std::lock_guard<std::mutex> device_lock(g_device_error_mu);
+  g_device_errors = 0;
+  g_device_error.clear();
+}
+
+FAKE_EXPORT int tessera_fake_cuda_device_errors(char* last, int size) {
+  std::lock_guard<std::mutex> lock(g_device_error_mu);
+  if (last != nullptr && size > 0) {
+    std::snprintf(last, static_cast<size_t>(size), "%s", g_device_error.c_str());
+  }
+  return g_device_errors;
 }
 
 FAKE_EXPORT void tessera_fake_cuda_fail(const char* call, int after, int error) {

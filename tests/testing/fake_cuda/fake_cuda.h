@@ -60,6 +60,7 @@ inline constexpr char kFakeCudaTallySymbol[] = "tessera_fake_cuda_tally";
 inline constexpr char kFakeCudaLeaksSymbol[] = "tessera_fake_cuda_leaks";
 inline constexpr char kFakeCudaResetSymbol[] = "tessera_fake_cuda_reset";
 inline constexpr char kFakeCudaFailSymbol[] = "tessera_fake_cuda_fail";
+inline constexpr char kFakeCudaDeviceErrorsSymbol[] = "tessera_fake_cuda_device_errors";
 /// Misuses since the last reset.
 using FakeCudaMisusesFn = int (*)();
 /// Fills `*out` for `kind` (a FakeCudaKind); false for another number.
@@ -78,6 +79,10 @@ using FakeCudaResetFn = void (*)();
 /// cuStreamCreateWithPriority, cuGreenCtxStreamCreate, cuEventCreate, cuEventRecord,
 /// cuLaunchHostFunc, cuMemAlloc, cuMemHostAlloc.
 using FakeCudaFailFn = void (*)(const char* call, int after, int error);
+/// Kernel faults since the last reset (an access outside the launching context's memory, a
+/// misaligned one, a misused barrier or warp intrinsic); the last one's description ("kernel
+/// K, block (x,y,z), thread (x,y,z): ...") in `last`, truncated to `size` bytes.
+using FakeCudaDeviceErrorsFn = int (*)(char* last, int size);
 
 // For the fake cuBLAS (fake_cublas.cc), declared there with the driver's types:
 //   int tessera_fake_cuda_stream_context(CUstream, CUcontext* out)
@@ -105,8 +110,10 @@ class FakeCudaDriver {
     fake.leaks_ = reinterpret_cast<FakeCudaLeaksFn>(dlsym(handle, kFakeCudaLeaksSymbol));
     fake.reset_ = reinterpret_cast<FakeCudaResetFn>(dlsym(handle, kFakeCudaResetSymbol));
     fake.fail_ = reinterpret_cast<FakeCudaFailFn>(dlsym(handle, kFakeCudaFailSymbol));
+    fake.device_errors_ =
+        reinterpret_cast<FakeCudaDeviceErrorsFn>(dlsym(handle, kFakeCudaDeviceErrorsSymbol));
     if (fake.misuses_ == nullptr || fake.tally_ == nullptr || fake.leaks_ == nullptr ||
-        fake.reset_ == nullptr || fake.fail_ == nullptr) {
+        fake.reset_ == nullptr || fake.fail_ == nullptr || fake.device_errors_ == nullptr) {
       return std::nullopt;
     }
     return fake;
@@ -120,6 +127,7 @@ class FakeCudaDriver {
     leaks_ = other.leaks_;
     reset_ = other.reset_;
     fail_ = other.fail_;
+    device_errors_ = other.device_errors_;
     return *this;
   }
   ~FakeCudaDriver() {
@@ -140,6 +148,13 @@ class FakeCudaDriver {
   void Reset() const { reset_(); }
   /// See FakeCudaFailFn (`error`: a CUresult).
   void Fail(const char* call, int after, int error) const { fail_(call, after, error); }
+  /// See FakeCudaDeviceErrorsFn.
+  int DeviceErrors(std::string* last) const {
+    char text[2048] = {};
+    const int errors = device_errors_(text, sizeof(text));
+    if (last != nullptr) *last = text;
+    return errors;
+  }
 
  private:
   explicit FakeCudaDriver(void* handle) : handle_(handle) {}
@@ -157,6 +172,7 @@ class FakeCudaDriver {
   FakeCudaLeaksFn leaks_ = nullptr;
   FakeCudaResetFn reset_ = nullptr;
   FakeCudaFailFn fail_ = nullptr;
+  FakeCudaDeviceErrorsFn device_errors_ = nullptr;
 };
 
 }  // namespace tessera::testing
