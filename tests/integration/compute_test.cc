@@ -305,14 +305,16 @@ TEST_F(ComputeTest, DeadlinesAreHonoured) {
   absl::Status s = (*hurried)->Submit(slow).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  // The job was accepted; the call's deadline is also the job's, so it either started in
-  // time and runs to completion regardless, or was still queued and ended with the call (its
-  // deadline expired, or the client's cancel of the call arrived first: a slow machine, a
-  // sanitizer build). One of these, never lost.
+  // The call's deadline is also the job's: a job that started in time runs to completion
+  // regardless; one still queued ends with the call (expired, or cancelled by the client's
+  // cancel of the call if that arrived first); and on a slow machine (a sanitizer build) the
+  // call may expire before the server makes it a job at all. Never a failure, never left over.
   ASSERT_TRUE(tenant_->Synchronize().ok());
   auto usage = tenant_->GetUsage();
   ASSERT_TRUE(usage.ok());
-  EXPECT_EQ(usage->jobs_succeeded() + usage->jobs_expired() + usage->jobs_cancelled(), 1u);
+  EXPECT_EQ(usage->jobs_failed(), 0u);
+  EXPECT_EQ(usage->jobs_queued() + usage->jobs_running(), 0u);
+  EXPECT_LE(usage->jobs_succeeded() + usage->jobs_cancelled(), 1u);
 }
 
 TEST_F(ComputeTest, KernelsAndUsage) {
