@@ -23,6 +23,7 @@
 #include "server/backend/cpu/cpu_backend.h"
 #include "server/backend/cuda_module.h"
 #include "server/backend/select.h"
+#include "tests/testing/catalog_cases.h"
 #include "tests/testing/context_runner.h"
 #include "tests/testing/fake_cuda/fake_cuda.h"
 
@@ -88,99 +89,14 @@ class GpuTest : public ::testing::Test {
 
 // ---- the catalog against the CPU backend ----------------------------------------------------
 
-double Tolerance(DType dtype, const std::string& kernel) {
-  const double scale = kernel == "matmul" ? 8 : 1;
-  switch (dtype) {
-    case DType::kF32:
-      return 2e-5 * scale;
-    case DType::kF64:
-      return 1e-12 * scale;
-    case DType::kF16:
-      return 2e-3 * scale;
-    case DType::kBF16:
-      return 1.6e-2 * scale;
-    default:
-      return 0;
-  }
-}
-
-struct Case {
-  std::string kernel;
-  std::vector<TensorMeta> inputs;
-  kernels::Attrs attrs;
-  std::string label;
-};
-
-// A few shapes per kernel and every dtype its first operand admits.
-std::vector<Case> CatalogCases() {
-  std::vector<Case> cases;
-  const kernels::Registry& registry = kernels::Registry::Global();
-  for (const kernels::KernelDef& def : registry.kernels()) {
-    const std::vector<DType>& dtypes =
-        def.inputs.empty() ? def.outputs[0].dtypes : def.inputs[0].dtypes;
-    for (DType d : dtypes) {
-      auto add = [&](std::vector<TensorMeta> in, kernels::Attrs attrs, std::string label) {
-        cases.push_back(Case{def.name, std::move(in), std::move(attrs),
-                             absl::StrCat(def.name, "/", kernels::DTypeName(d), "/", label)});
-      };
-      const std::string& k = def.name;
-      if (k == "fill") {
-        add({},
-            {{"value", 1.75},
-             {"dtype", std::string(kernels::DTypeName(d))},
-             {"shape", std::vector<int64_t>{3, 1000}}},
-            "3x1000");
-      } else if (k == "cast") {
-        for (DType to : kernels::kAllDTypes) {
-          add({{d, {4, 257}}}, {{"dtype", std::string(kernels::DTypeName(to))}},
-              absl::StrCat("to_", kernels::DTypeName(to)));
-        }
-      } else if (def.inputs.size() == 2 && def.outputs[0].dtypes == def.inputs[0].dtypes &&
-                 k != "matmul") {
-        add({{d, {4099}}, {d, {4099}}}, {}, "contiguous");
-        add({{d, {4, 1, 33}}, {d, {5, 33}}}, {}, "broadcast");
-        add({{d, {7, 9}}, {d, {}}}, {}, "scalar");
-      } else if (k == "sum" || k == "mean" || k == "max" || k == "min") {
-        add({{d, {6, 7, 130}}}, {{"axes", std::vector<int64_t>{2}}}, "last");
-        add({{d, {6, 7, 130}}}, {{"axes", std::vector<int64_t>{0, 2}}, {"keepdims", true}},
-            "outer_inner");
-        add({{d, {6, 7, 130}}}, {}, "all");
-      } else if (k == "argmax") {
-        add({{d, {6, 300, 5}}}, {{"axis", int64_t{1}}}, "middle");
-        add({{d, {6, 300}}}, {}, "last");
-      } else if (k == "softmax" || k == "log_softmax") {
-        add({{d, {6, 1030}}}, {}, "last");
-        add({{d, {50, 6}}}, {{"axis", int64_t{0}}}, "first");
-      } else if (k == "layer_norm") {
-        add({{d, {8, 1000}}, {d, {1000}}, {d, {1000}}}, {}, "weight_bias");
-        add({{d, {8, 64}}}, {}, "plain");
-      } else if (k == "rms_norm") {
-        add({{d, {8, 1000}}, {d, {1000}}}, {}, "weight");
-      } else if (k == "transpose") {
-        add({{d, {3, 40, 5}}}, {{"perm", std::vector<int64_t>{2, 0, 1}}}, "perm");
-        add({{d, {33, 65}}}, {}, "reversed");
-      } else if (k == "matmul") {
-        add({{d, {2, 65, 33}}, {d, {33, 17}}}, {{"alpha", 0.5}}, "batched");
-        add({{d, {33, 65}}, {d, {17, 33}}}, {{"transpose_a", true}, {"transpose_b", true}},
-            "transposed");
-        add({{d, {2, 1, 5, 4}}, {d, {3, 4, 6}}}, {}, "broadcast_batches");
-      } else {  // unary
-        add({{d, {4099}}},
-            k == "scale" ? kernels::Attrs{{"alpha", 1.5}, {"beta", -0.25}} : kernels::Attrs{},
-            "4099");
-      }
-    }
-  }
-  return cases;
-}
-
 TEST_F(GpuTest, EveryCatalogKernelMatchesTheCpuBackend) {
   Runner gpu = Gpu();
   Runner cpu = Cpu();
   ASSERT_NE(gpu.context, nullptr);
   std::mt19937 rng(7);
   int checked = 0;
-  for (const Case& c : CatalogCases()) {
+  const std::vector<testing::CatalogCase> cases = testing::CatalogCases();
+  for (const testing::CatalogCase& c : cases) {
     SCOPED_TRACE(c.label);
     absl::StatusOr<kernels::Plan> plan =
         kernels::Registry::Global().Prepare(c.kernel, c.inputs, c.attrs);
@@ -192,15 +108,11 @@ TEST_F(GpuTest, EveryCatalogKernelMatchesTheCpuBackend) {
     ASSERT_TRUE(got.ok()) << got.status();
     for (size_t o = 0; o < plan->outputs.size(); ++o) {
       const TensorMeta& meta = plan->outputs[o];
-      const double tolerance = Tolerance(meta.dtype, c.kernel);
       const int64_t n = (*want)[o].size();
       int mismatches = 0;
       for (int64_t i = 0; i < n && mismatches < 5; ++i) {
-        double w = (*want)[o].Get(i);
-        double g = (*got)[o].Get(i);
-        bool same = (std::isnan(w) && std::isnan(g)) || w == g ||
-                    std::abs(w - g) <= tolerance * std::max(1.0, std::abs(w));
-        if (!same) {
+        const double w = (*want)[o].Get(i), g = (*got)[o].Get(i);
+        if (!testing::Matches(c.kernel, meta.dtype, w, g)) {
           ++mismatches;
           ADD_FAILURE() << "element " << i << ": cpu " << w << ", gpu " << g;
         }
@@ -208,7 +120,8 @@ TEST_F(GpuTest, EveryCatalogKernelMatchesTheCpuBackend) {
     }
     ++checked;
   }
-  EXPECT_GT(checked, 150);
+  std::printf("catalog: %d cases on the CUDA backend\n", checked);
+  EXPECT_EQ(checked, static_cast<int>(cases.size()));
 }
 
 // ---- contexts, streams, quotas, faults --------------------------------------------------------
