@@ -1,9 +1,10 @@
-// How the fake driver runs kernels (tests/testing/fake_cuda/device_runtime.cc), on the driver
-// API directly: our CUDA sources compiled for the host run every thread of every block with
-// CUDA's barrier and warp semantics, and every access a GPU would refuse stops the launch
-// with a sticky error and a message naming the kernel, block, thread and address. The
-// kernels are tests/testing/fake_cuda/test_kernels.cu and kernels/cuda/elementwise.cu, loaded
-// from the fatbins nvcc built, as the backend loads its own.
+// How the fake driver runs kernels (tests/testing/fake_cuda/device_runtime.cc) and the fake
+// cuBLAS beside it computes (fake_cublas.cc), on the driver and cuBLAS APIs directly: our CUDA
+// sources compiled for the host run every thread of every block with CUDA's barrier and warp
+// semantics, and every access a GPU would refuse stops the launch with a sticky error and a message
+// naming the kernel, block, thread and address. The kernels are
+// tests/testing/fake_cuda/test_kernels.cu and kernels/cuda/elementwise.cu, loaded from the fatbins
+// nvcc built, as the backend loads its own.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -14,7 +15,9 @@
 #include <type_traits>
 #include <vector>
 
+#include <cublas_v2.h>
 #include <cuda.h>
+#include <cuda_fp16.h>
 #include <dlfcn.h>
 
 #include "gmock/gmock.h"
@@ -262,6 +265,149 @@ TEST_F(FakeCudaKernelsTest, MisusedSharedMemoryAndWarpIntrinsicsFailTheLaunch) {
                 AllOf(HasSubstr(std::string("kernel ") + c.kernel), HasSubstr(c.says)));
     Close(d);
   }
+}
+
+// ---- the fake cuBLAS ----------------------------------------------------------------------
+
+int CublasMisuses() {
+  void* fake = dlopen("libcublas.so.13", RTLD_NOW | RTLD_NOLOAD);
+  auto count = fake == nullptr
+                   ? nullptr
+                   : reinterpret_cast<int (*)()>(dlsym(fake, "tessera_fake_cublas_misuses"));
+  const int n = count == nullptr ? -1 : count();
+  if (fake != nullptr) dlclose(fake);
+  return n;
+}
+
+// Column-major C = alpha op(A) op(B) + beta C, in double.
+std::vector<double> Reference(bool ta, bool tb, int m, int n, int k, double alpha,
+                              const std::vector<float>& a, int lda, const std::vector<float>& b,
+                              int ldb, double beta, const std::vector<float>& c, int ldc) {
+  std::vector<double> out(static_cast<size_t>(ldc) * n);
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) {
+      double sum = 0;
+      for (int p = 0; p < k; ++p) {
+        const double x =
+            ta ? a[static_cast<size_t>(i) * lda + p] : a[static_cast<size_t>(p) * lda + i];
+        const double y =
+            tb ? b[static_cast<size_t>(p) * ldb + j] : b[static_cast<size_t>(j) * ldb + p];
+        sum += x * y;
+      }
+      const size_t at = static_cast<size_t>(j) * ldc + i;
+      out[at] = alpha * sum + (beta == 0 ? 0 : beta * c[at]);
+    }
+  }
+  return out;
+}
+
+TEST_F(FakeCudaKernelsTest, CublasComputesWhatCublasDocumentsAndChecksWhatItTouches) {
+  const int misuses_before = CublasMisuses();
+  ASSERT_GE(misuses_before, 0) << "libcublas.so.13 is not the fake";
+  cublasHandle_t none = nullptr;
+  EXPECT_EQ(cublasCreate(&none), CUBLAS_STATUS_NOT_INITIALIZED);  // no current context
+  EXPECT_EQ(CublasMisuses(), misuses_before + 1);
+
+  Device d;
+  Open(d);
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(h, reinterpret_cast<cudaStream_t>(d.stream)), CUBLAS_STATUS_SUCCESS);
+  // C (5x3, ldc 7) = 0.5 A^T (A stored 4x5, lda 6) B (4x3, ldb 4) + 2 C.
+  const int m = 5, n = 3, k = 4, lda = 6, ldb = 4, ldc = 7;
+  float* a = Alloc<float>(d, lda * m);
+  float* b = Alloc<float>(d, ldb * n);
+  float* c = Alloc<float>(d, ldc * n);
+  std::vector<float> ha(lda * m), hb(ldb * n), hc(ldc * n);
+  for (size_t i = 0; i < ha.size(); ++i) ha[i] = static_cast<float>(i % 7) - 3;
+  for (size_t i = 0; i < hb.size(); ++i) hb[i] = static_cast<float>(i % 5) * 0.5f;
+  for (size_t i = 0; i < hc.size(); ++i) hc[i] = static_cast<float>(i);
+  std::memcpy(a, ha.data(), ha.size() * 4);
+  std::memcpy(b, hb.data(), hb.size() * 4);
+  std::memcpy(c, hc.data(), hc.size() * 4);
+  const float alpha = 0.5f, beta = 2.0f;
+  ASSERT_EQ(cublasGemmStridedBatchedEx_64(
+                h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_32F, lda, 0, b, CUDA_R_32F,
+                ldb, 0, &beta, c, CUDA_R_32F, ldc, 0, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(d.stream), CUDA_SUCCESS);
+  const std::vector<double> want =
+      Reference(true, false, m, n, k, alpha, ha, lda, hb, ldb, beta, hc, ldc);
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < ldc; ++i) {
+      const size_t at = static_cast<size_t>(j) * ldc + i;
+      // Rows past m are padding: untouched.
+      EXPECT_FLOAT_EQ(c[at], i < m ? static_cast<float>(want[at]) : hc[at]) << i << "," << j;
+    }
+  }
+  // beta = 0: C is not read, so NaN there does not come back.
+  for (int i = 0; i < ldc * n; ++i) c[i] = std::nanf("");
+  const float zero = 0;
+  ASSERT_EQ(cublasGemmStridedBatchedEx_64(
+                h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_32F, lda, 0, b, CUDA_R_32F,
+                ldb, 0, &zero, c, CUDA_R_32F, ldc, 0, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(d.stream), CUDA_SUCCESS);
+  EXPECT_FALSE(std::isnan(c[0]));
+  // f16 in and out, f32 compute: one rounding of the f32 result.
+  __half* a16 = Alloc<__half>(d, 4);
+  __half* c16 = Alloc<__half>(d, 1);
+  const float third = 1.0f / 3;
+  for (int i = 0; i < 4; ++i) a16[i] = __float2half_rn(third);
+  ASSERT_EQ(
+      cublasGemmStridedBatchedEx_64(h, CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 4, &alpha, a16, CUDA_R_16F,
+                                    4, 0, a16, CUDA_R_16F, 4, 0, &zero, c16, CUDA_R_16F, 1, 0, 1,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(d.stream), CUDA_SUCCESS);
+  const float h3 = __half2float(__float2half_rn(third));
+  EXPECT_EQ(__half2float(c16[0]), __half2float(__float2half_rn(0.5f * 4 * h3 * h3)));
+
+  // What cuBLAS refuses: a leading dimension below the rows stored, a type combination
+  // outside its table.
+  EXPECT_EQ(
+      cublasGemmStridedBatchedEx_64(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_32F,
+                                    m - 1, 0, b, CUDA_R_32F, ldb, 0, &beta, c, CUDA_R_32F, ldc, 0,
+                                    1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasGemmStridedBatchedEx_64(
+                h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_16F, lda, 0, b, CUDA_R_16F,
+                ldb, 0, &beta, c, CUDA_R_64F, ldc, 0, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(CublasMisuses(), misuses_before + 1);
+  // A second batch whose C runs past its allocation faults the stream, as a GPU would.
+  ASSERT_EQ(
+      cublasGemmStridedBatchedEx_64(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_32F,
+                                    lda, 0, b, CUDA_R_32F, ldb, 0, &beta, c, CUDA_R_32F, ldc,
+                                    ldc * n, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cuStreamSynchronize(d.stream), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+  Close(d);
+}
+
+TEST_F(FakeCudaKernelsTest, ACublasHandleWorksOnlyOnStreamsOfItsContext) {
+  const int misuses_before = CublasMisuses();
+  Device first, second;
+  Open(first);
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);  // bound to `first`
+  float* x = Alloc<float>(first, 4);
+  Open(second);
+  ASSERT_EQ(cublasSetStream(h, reinterpret_cast<cudaStream_t>(second.stream)),
+            CUBLAS_STATUS_SUCCESS);
+  const float one = 1;
+  EXPECT_EQ(cublasGemmStridedBatchedEx_64(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, x, CUDA_R_32F,
+                                          2, 0, x, CUDA_R_32F, 2, 0, &one, x, CUDA_R_32F, 2, 0, 1,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_EXECUTION_FAILED);
+  EXPECT_EQ(CublasMisuses(), misuses_before + 1);
+  EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_NOT_INITIALIZED);  // not live any more
+  EXPECT_EQ(CublasMisuses(), misuses_before + 2);
+  Close(second);
+  ASSERT_EQ(cuCtxPushCurrent(first.context), CUDA_SUCCESS);
+  Close(first);
 }
 
 }  // namespace
