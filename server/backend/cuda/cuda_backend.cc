@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
+#include "server/backend/cuda/ops.h"
 #include "server/backend/cuda/resources.h"
 #include "server/backend/mps_probe.h"
 #include "server/common/logging.h"
@@ -238,8 +239,8 @@ class CudaContext final : public TenantContext {
     int64_t address = 8;  // never mapped
     void* params[] = {&address};
     return driver_.Check(
-        driver_.cuLaunchKernel(reinterpret_cast<CUfunction>(*kernel), 1, 1, 1, 1, 1, 1, 0,
-                               (*inc)->streams.at(stream).get(), params, nullptr),
+        driver_.cuLaunchKernel(reinterpret_cast<CUfunction>(*kernel), 1, 1, 1, kTestFaultBlock, 1,
+                               1, 0, (*inc)->streams.at(stream).get(), params, nullptr),
         "launching the test fault");
   }
 

@@ -23,7 +23,7 @@ using kernels::DType;
 using kernels::Plan;
 namespace tc = ::tessera_cuda;
 
-constexpr int kBlock = 256;
+constexpr int kBlock = kElementwiseBlock;
 
 // Blocks for a grid-stride loop over `n` elements: enough to fill every SM several times.
 unsigned int GridFor(int64_t n, int sms, int block = kBlock) {
@@ -31,10 +31,10 @@ unsigned int GridFor(int64_t n, int sms, int block = kBlock) {
   return static_cast<unsigned int>(std::clamp<int64_t>(blocks, 1, int64_t{sms} * 16));
 }
 
-// One block per row (grid-stride over rows), up to 1024 threads for long rows; one warp for
+// One block per row (grid-stride over rows), up to kMaxRowBlock threads for long rows; one warp for
 // an empty row (a reduction over an empty axis still writes its identity).
 unsigned int RowBlock(int64_t length) {
-  int64_t threads = std::clamp<int64_t>((length + 31) / 32 * 32, 32, 1024);
+  int64_t threads = std::clamp<int64_t>((length + 31) / 32 * 32, 32, kMaxRowBlock);
   return static_cast<unsigned int>(
       std::min<int64_t>(threads, 256 * std::max<int64_t>(1, (length + 4095) / 4096)));
 }

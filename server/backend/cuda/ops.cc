@@ -124,6 +124,27 @@ std::string EntryPointOf(CudaLauncher launcher, DType dtype) {
   return "";
 }
 
+int MaxThreadsPerBlock(CudaLauncher launcher) {
+  switch (launcher) {
+    case CudaLauncher::kNone:
+    case CudaLauncher::kCopy:
+      return 0;
+    case CudaLauncher::kFill:
+    case CudaLauncher::kCast:
+    case CudaLauncher::kUnary:
+    case CudaLauncher::kBinary:
+    case CudaLauncher::kPermute:
+    case CudaLauncher::kMatmul:  // its kernel: the empty product's scale
+      return kElementwiseBlock;
+    case CudaLauncher::kReduce:
+    case CudaLauncher::kArgmax:
+    case CudaLauncher::kSoftmax:
+    case CudaLauncher::kNorm:
+      return kMaxRowBlock;
+  }
+  return 0;
+}
+
 const std::vector<std::string>& FatbinEntryPoints() {
   static const std::vector<std::string>* names = [] {
     auto* list = new std::vector<std::string>{"tessera_cast", "tessera_fill", "tessera_test_fault"};

@@ -50,6 +50,19 @@ bool CudaImplements(kernels::Op op);
 /// the element-wise ops is also the output's); empty where it launches none (kNone, kCopy).
 std::string EntryPointOf(CudaLauncher launcher, kernels::DType dtype);
 
+/// Threads per block of the grid-stride kernels (element-wise, cast, fill, permute).
+inline constexpr int kElementwiseBlock = 256;
+/// The most threads per block of the one-block-per-row kernels (reduce, argmax, softmax, norm),
+/// which take a multiple of 32 up to this, by row length.
+inline constexpr int kMaxRowBlock = 1024;
+/// Threads per block of the test fault's launch.
+inline constexpr int kTestFaultBlock = 1;
+
+/// The most threads per block the module launches `launcher`'s kernels with (0 for those that
+/// launch none). tests/gpu/resources_test.cc checks each kernel's registers and shared memory,
+/// as ptxas reports them for sm_80 and sm_90, against these.
+int MaxThreadsPerBlock(CudaLauncher launcher);
+
 /// Every entry point the embedded fatbins export (the instantiations in kernels/cuda/*.cu),
 /// each resolved when the module loads; includes tessera_test_fault. Thread-safe.
 const std::vector<std::string>& FatbinEntryPoints();
