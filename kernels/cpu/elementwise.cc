@@ -110,21 +110,25 @@ void UnaryFloat(UnaryOp op, const T* x, T* y, int64_t n, T alpha, T beta) {
     }
     case UnaryOp::kLog:
       Y = X.log();
+      // Eigen treats subnormal arguments as the smallest normal; redo those exactly.
+      for (int64_t i = 0; i < n; ++i) {
+        if (x[i] > T(0) && x[i] < std::numeric_limits<T>::min()) y[i] = std::log(x[i]);
+      }
       return;
-    case UnaryOp::kSqrt:
-      Y = X.sqrt();
+    case UnaryOp::kSqrt:  // correctly rounded (Eigen's fast float sqrt is not, nor sqrt(inf))
+      for (int64_t i = 0; i < n; ++i) y[i] = std::sqrt(x[i]);
       return;
-    case UnaryOp::kRsqrt:
-      Y = X.sqrt().inverse();
+    case UnaryOp::kRsqrt:  // 1 / sqrt(x), two correct roundings, as the CUDA kernel computes it
+      for (int64_t i = 0; i < n; ++i) y[i] = T(1) / std::sqrt(x[i]);
       return;
     case UnaryOp::kGelu:
       for (int64_t i = 0; i < n; ++i) y[i] = Gelu(x[i]);
       return;
-    case UnaryOp::kSigmoid:
-      Y = X.logistic();
+    case UnaryOp::kSigmoid:  // 1 / (1 + exp(-x)): Eigen's logistic is off by 1000s of ulps
+      Y = (T(1) + (-X).exp()).inverse();
       return;
-    case UnaryOp::kTanh:
-      Y = X.tanh();
+    case UnaryOp::kTanh:  // the C library's: Eigen's float tanh is 4+ ulps off from |x| ~ 5
+      for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
       return;
     case UnaryOp::kScale:
       Y = X * alpha + beta;

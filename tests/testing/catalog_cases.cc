@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "kernels/accuracy.h"
+
 namespace tessera::testing {
 
 using kernels::DType;
@@ -113,27 +115,44 @@ std::set<std::pair<std::string, DType>> CatalogPairs() {
   return pairs;
 }
 
-bool Matches(const std::string& kernel, DType dtype, double want, double got) {
-  if ((std::isnan(want) && std::isnan(got)) || want == got) return true;
-  const double scale = kernel == "matmul" ? 8 : 1;
-  double tolerance = 0;
-  switch (dtype) {
-    case DType::kF32:
-      tolerance = 2e-5 * scale;
-      break;
-    case DType::kF64:
-      tolerance = 1e-12 * scale;
-      break;
-    case DType::kF16:
-      tolerance = 2e-3 * scale;
-      break;
-    case DType::kBF16:
-      tolerance = 1.6e-2 * scale;
-      break;
-    default:
-      return false;  // integers and booleans: exactly
+double TermsOf(const kernels::Plan& plan) {
+  const std::string& k = plan.kernel->name;
+  const kernels::Shape& in = plan.inputs.empty() ? kernels::Shape{} : plan.inputs[0].shape;
+  if (k == "sum" || k == "mean" || k == "max" || k == "min") {
+    const int64_t outputs = kernels::CheckedNumElements(plan.outputs[0].shape);
+    return static_cast<double>(kernels::CheckedNumElements(in)) /
+           static_cast<double>(std::max<int64_t>(outputs, 1));
   }
-  return std::abs(want - got) <= tolerance * std::max(1.0, std::abs(want));
+  if (k == "matmul" && !in.empty()) {
+    const bool ta = kernels::AttrBool(plan.attrs, "transpose_a");
+    return static_cast<double>(in.size() < 2 || !ta ? in.back() : in[in.size() - 2]);
+  }
+  if ((k == "softmax" || k == "log_softmax") && !in.empty()) {
+    int64_t axis = kernels::AttrInt(plan.attrs, "axis");
+    if (axis < 0) axis += static_cast<int64_t>(in.size());
+    return static_cast<double>(in[static_cast<size_t>(axis)]);
+  }
+  if ((k == "layer_norm" || k == "rms_norm") && !in.empty()) return static_cast<double>(in.back());
+  return 1;
+}
+
+double MagnitudeOf(const kernels::Plan& plan, double max_abs_input, double want) {
+  const std::string& k = plan.kernel->name;
+  const double terms = TermsOf(plan);
+  if (k == "matmul") return terms * max_abs_input * max_abs_input;
+  if (k == "sum" || k == "mean") return (k == "sum" ? terms : 1) * max_abs_input;
+  if (k == "scale") {
+    return std::abs(kernels::AttrFloat(plan.attrs, "alpha")) * max_abs_input +
+           std::abs(kernels::AttrFloat(plan.attrs, "beta"));
+  }
+  if (k == "gelu") return max_abs_input;
+  return std::max(1.0, std::abs(want));
+}
+
+bool Matches(const kernels::Plan& plan, DType dtype, double want, double got,
+             double max_abs_input) {
+  return kernels::BackendsAgree(kernels::BoundFor(plan.kernel->name, dtype), dtype, want, got,
+                                MagnitudeOf(plan, max_abs_input, want), TermsOf(plan));
 }
 
 }  // namespace tessera::testing

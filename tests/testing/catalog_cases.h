@@ -31,9 +31,16 @@ std::vector<CatalogCase> CatalogCases(bool large = true);
 /// (fill: its output) admits. The cases above must cover exactly these.
 std::set<std::pair<std::string, kernels::DType>> CatalogPairs();
 
-/// Whether `got` matches `want` from another backend for an output of `dtype` of `kernel`:
-/// both NaN, equal, or within the error both backends may make (relative, floor 1).
-bool Matches(const std::string& kernel, kernels::DType dtype, double want, double got);
+/// How many terms each output element of `plan` combines (the reduced elements of a sum, k of
+/// a matmul, the row of a softmax or norm; 1 for element-wise kernels), and the size of what
+/// it combines given the largest input magnitude: for kernels/accuracy.h's bounds.
+double TermsOf(const kernels::Plan& plan);
+double MagnitudeOf(const kernels::Plan& plan, double max_abs_input, double want);
+
+/// Whether `got` from one backend matches `want` from another for an output of `plan`: both
+/// within the documented bound of the kernel (kernels/accuracy.h) of the exact result.
+bool Matches(const kernels::Plan& plan, kernels::DType dtype, double want, double got,
+             double max_abs_input);
 
 }  // namespace tessera::testing
 
