@@ -1,9 +1,9 @@
 // The CUDA backend module on the fake driver (tests/testing/fake_cuda), in CI: device
 // discovery, the context kinds (MPS with its SM share, green, plain) as the driver grants
 // them, the MPS client limit, MPS-wide faults and recovery, the launcher's geometry against
-// the CPU backend for the kernels the fake emulates, and a real server process serving on the
-// fake GPU. ctest puts the fake first on LD_LIBRARY_PATH; each test runs in its own process,
-// so the environment each one sets is read by that process's cuInit only. Every test ends
+// the CPU backend (the fake runs our kernels compiled for the host), and a real server process
+// serving on the fake GPU. ctest puts the fake first on LD_LIBRARY_PATH; each test runs in its own
+// process, so the environment each one sets is read by that process's cuInit only. Every test ends
 // with no driver misuse and nothing left on the device: no object the backend did not give
 // back (fake_cuda.h), checked after the backend is gone, and for the server at its exit.
 #include "tests/testing/fake_cuda/fake_cuda.h"
@@ -386,7 +386,7 @@ TEST_F(FakeCudaTest, AGreenContextRebuiltAfterAFaultLeavesNothingOfTheOldOneBehi
   EXPECT_EQ(fake_->tally(FakeCudaKind::kGreenContext).live, 1);
 }
 
-// ---- the launcher's geometry, for the kernels the fake emulates ---------------------------
+// ---- the launcher's geometry: broadcasting, axes, permutations, in-place staging ---------
 
 struct Case {
   std::string kernel;
@@ -436,7 +436,7 @@ void ExpectSame(const testing::HostTensor& want, const testing::HostTensor& got)
   }
 }
 
-TEST_F(FakeCudaTest, LaunchGeometryMatchesTheCpuBackendForTheEmulatedKernels) {
+TEST_F(FakeCudaTest, LaunchGeometryMatchesTheCpuBackend) {
   Cuda();
   auto gpu = Context("geometry", 50);
   ASSERT_NE(gpu, nullptr);
