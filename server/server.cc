@@ -169,6 +169,9 @@ absl::Status Server::Start() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // No SO_REUSEPORT (gRPC's default on Linux): a second server on the same address must fail
+  // here, not start and silently take part of the first one's connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options_.listen, credentials, &port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
@@ -177,8 +180,10 @@ absl::Status Server::Start() {
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || port_ == 0) {
     grpc_server_.reset();
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen,
-                                               " (address in use, or not a local address?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options_.listen,
+                     ": the address is in use (another tessera-server?) or not an address of "
+                     "this host"));
   }
   grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
   health->SetServingStatus(true);

@@ -155,6 +155,19 @@ TEST_F(LifecycleTest, SecondServerOnTheSameStateDirIsRefused) {
   EXPECT_TRUE(admin_->GetServerInfo().ok());  // the first is unaffected
 }
 
+// gRPC binds with SO_REUSEPORT unless told otherwise: a second server on the same address
+// would start and silently take part of the first one's traffic.
+TEST_F(LifecycleTest, ASecondServerOnTheSameAddressIsRefusedNamingIt) {
+  const std::string address = absl::StrCat("127.0.0.1:", server_->port());
+  testing::TempDir other;
+  auto second = testing::ServerProcess::Start(testing::OnTestBackend(
+      {.state_dir = other.File("var"), .args = {absl::StrCat("--listen=", address)}}));
+  ASSERT_FALSE(second.ok()) << "a second server started on " << address;
+  EXPECT_THAT(second.status().message(), HasSubstr("cannot listen on " + address));
+  EXPECT_THAT(second.status().message(), HasSubstr("in use"));
+  EXPECT_TRUE(admin_->GetServerInfo().ok());  // the first is unaffected
+}
+
 TEST_F(LifecycleTest, JsonLogsCarryTheRequestIdOfAFailedCall) {
   ASSERT_EQ(*server_->Stop(SIGTERM), 0);
   StartServer({"--log_format=json", "--log_level=info"});
