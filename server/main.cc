@@ -20,6 +20,7 @@
 
 #include "server/common/byte_size.h"
 #include "server/common/logging.h"
+#include "server/common/systemd.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "host:port to serve on (port 0: any free port)");
@@ -221,8 +222,13 @@ int main(int argc, char** argv) {
             << (from_file ? absl::StrCat("$(cat ", admin.source, ")") : "$TESSERA_ADMIN_TOKEN")
             << "\" " << address << " tessera.v1.TenantAdmin/GetServerInfo" << std::endl;
 
+  // Under systemd (Type=notify): ready only now that the port serves.
+  tessera::NotifyServiceManager(
+      absl::StrCat("READY=1\nSTATUS=serving on ", address, " (", (*server)->backend_reason(), ")"));
+
   int signal_number = WaitForShutdownSignal();
   spdlog::info("received {}; shutting down", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+  tessera::NotifyServiceManager("STOPPING=1\nSTATUS=shutting down");
   (*server)->Shutdown();
   return 0;
 }

@@ -1,11 +1,17 @@
 // Process lifecycle and the ops surface: restart and restore, signals, health, reflection,
 // start-up errors.
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -166,6 +172,39 @@ TEST_F(LifecycleTest, ASecondServerOnTheSameAddressIsRefusedNamingIt) {
   EXPECT_THAT(second.status().message(), HasSubstr("cannot listen on " + address));
   EXPECT_THAT(second.status().message(), HasSubstr("in use"));
   EXPECT_TRUE(admin_->GetServerInfo().ok());  // the first is unaffected
+}
+
+// Under systemd's Type=notify: READY=1 once the port serves, STOPPING=1 when shutdown starts,
+// as datagrams to $NOTIFY_SOCKET.
+TEST(ServiceManagerTest, ReadyOnceServingAndStoppingOnShutdown) {
+  testing::TempDir dir;
+  const std::string path = dir.File("notify");
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  ASSERT_LT(path.size(), sizeof(address.sun_path));
+  std::memcpy(address.sun_path, path.data(), path.size());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  auto receive = [&](absl::Duration timeout) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) != 1)
+      return std::string();
+    char buffer[1024];
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    return n > 0 ? std::string(buffer, static_cast<size_t>(n)) : std::string();
+  };
+  auto server = testing::ServerProcess::Start(
+      testing::OnTestBackend({.state_dir = dir.File("var"), .env = {{"NOTIFY_SOCKET", path}}}));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string ready = receive(absl::Seconds(10));
+  EXPECT_THAT(ready, HasSubstr("READY=1"));
+  EXPECT_THAT(ready, HasSubstr(absl::StrCat("STATUS=serving on 127.0.0.1:", (*server)->port())));
+  auto stopped = (*server)->Stop(SIGTERM);
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(*stopped, 0);
+  EXPECT_THAT(receive(absl::Seconds(5)), HasSubstr("STOPPING=1"));
+  close(fd);
 }
 
 TEST_F(LifecycleTest, JsonLogsCarryTheRequestIdOfAFailedCall) {
