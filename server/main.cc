@@ -30,14 +30,17 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "TESSERA_ADMIN_TOKEN environment variable overrides it");
 ABSL_FLAG(std::string, backend, "auto", "Execution backend: auto, cpu or cuda");
 ABSL_FLAG(std::string, mps, "auto", "MPS use: auto, require or off");
+ABSL_FLAG(std::string, health_listen, "",
+          "host:port serving only grpc.health.v1 in plaintext, with the main port's status (for "
+          "probes that cannot do TLS, such as the kubelet's gRPC probe); empty: off");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port for Prometheus metrics over HTTP (GET /metrics); empty: off");
 ABSL_FLAG(bool, mps_manage, false,
-          "Run one MPS control daemon per GPU with tenants (quit when the last leaves and on "
-          "shutdown), under --mps_base_dir");
+          "Start (or find) one MPS control daemon for this server's GPUs before the CUDA driver "
+          "initializes, and join it; a daemon started here is quit at shutdown once no other "
+          "client remains");
 ABSL_FLAG(std::string, mps_base_dir, "",
-          "Base directory of the managed daemons' gpu<N>/pipe and gpu<N>/log (default: "
-          "<state_dir>/mps)");
+          "Directory of the managed daemon's pipe/ and log/ (default: <state_dir>/mps)");
 ABSL_FLAG(std::string, mps_control, "nvidia-cuda-mps-control",
           "The MPS control executable (looked up on PATH unless it has a slash)");
 ABSL_FLAG(absl::Duration, mps_timeout, absl::Seconds(5),
@@ -58,8 +61,11 @@ ABSL_FLAG(uint32_t, device_in_flight, 0,
           "per-stream queues (cancellable, released in weighted fair order). 0: the backend's "
           "default (no bound on the CPU backend, 256 per GPU)");
 ABSL_FLAG(tessera::ByteSize, cpu_memory_bytes, tessera::ByteSize{0},
-          "CPU backend capacity, e.g. 8GiB (0: half of physical memory)");
-ABSL_FLAG(uint32_t, cpu_threads, 0, "CPU backend worker threads (0: one per hardware thread)");
+          "CPU backend capacity, e.g. 8GiB (0: half of physical memory, or of the cgroup "
+          "memory limit when lower)");
+ABSL_FLAG(uint32_t, cpu_threads, 0,
+          "CPU backend worker threads (0: one per CPU this process may use: the affinity mask, "
+          "or the cgroup CPU quota when lower)");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::ZeroDuration(),
           "On SIGTERM: time health reports NOT_SERVING before the port closes");
 #ifdef NDEBUG
@@ -186,6 +192,7 @@ int main(int argc, char** argv) {
   options.backend.backend = absl::GetFlag(FLAGS_backend);
   options.backend.mps = absl::GetFlag(FLAGS_mps);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.mps_ops = tessera::MpsOpsOptions{.manage = absl::GetFlag(FLAGS_mps_manage),
                                            .base_directory = absl::GetFlag(FLAGS_mps_base_dir),
                                            .binary = absl::GetFlag(FLAGS_mps_control),

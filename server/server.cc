@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/impl/server_builder_plugin.h"
 #include "spdlog/spdlog.h"
 
 #include "server/common/logging.h"
@@ -36,6 +38,16 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view f
   }
   return buffer.str();
 }
+
+// Drops every server builder plugin (reflection registers itself for every builder when the
+// library loads), so a port built with it serves only the services registered on it.
+class WithoutPlugins : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->clear();
+  }
+};
 
 bool IsLoopback(absl::string_view listen) {
   return absl::StartsWith(listen, "127.") || absl::StartsWith(listen, "localhost:") ||
@@ -104,6 +116,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
                    LoadOrCreateAdminToken(opts.admin_token_file, opts.admin_token_env));
   if (!server->admin_.warning.empty()) spdlog::warn("{}", server->admin_.warning);
 
+  // --mps_manage: the daemon must run, and CUDA_MPS_PIPE_DIRECTORY name it, before the
+  // backend initializes the driver, which joins a daemon only then (server/mps/manager.h).
+  MpsOpsOptions mps_ops = opts.mps_ops;
+  if (mps_ops.base_directory.empty()) mps_ops.base_directory = server->state_dir_->File("mps");
+  server->mps_ = std::make_unique<MpsOps>(std::move(mps_ops));
+  RETURN_IF_ERROR(server->mps_->StartBeforeDriver(
+      opts.backend.backend, opts.backend.mps,
+      opts.mps_ops.manage && opts.backend.backend != "cpu" && CudaDriverPresent()));
+
   ASSIGN_OR_RETURN(BackendChoice choice, SelectBackend(opts.backend));
   server->backend_ = std::move(choice.backend);
   server->backend_reason_ = std::move(choice.reason);
@@ -112,10 +133,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
     spdlog::info("device {}: {}, {}", d.index, d.name, FormatBytes(d.memory_bytes));
   }
   spdlog::info("mps: {}", server->backend_->mps().reason);
-  MpsOpsOptions mps_ops = opts.mps_ops;
-  if (mps_ops.base_directory.empty()) mps_ops.base_directory = server->state_dir_->File("mps");
-  server->mps_ = std::make_unique<MpsOps>(std::move(mps_ops));
-  RETURN_IF_ERROR(server->mps_->Start(static_cast<int>(server->backend_->devices().size())));
+  if (server->backend_->name() == "cpu") server->mps_->NotNeeded(server->backend_reason_);
 
   ASSIGN_OR_RETURN(server->store_, TenantStore::Open(server->state_dir_->File("tenants.db")));
   ASSIGN_OR_RETURN(server->tenants_,
@@ -125,6 +143,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   spdlog::info("restored {} tenant(s) from {}", server->tenants_->size(),
                server->state_dir_->File("tenants.db"));
   if (server->mps_->managed()) {
+    // Keeps the report's tenant count and notices a daemon that died.
     server->mps_->Reconcile(server->tenants_->TenantsPerDevice());
     server->mps_monitor_ = std::thread([s = server.get()] {
       while (!s->stop_mps_monitor_.WaitForNotificationWithTimeout(absl::Seconds(2))) {
@@ -167,6 +186,7 @@ absl::Status Server::Start() {
         options_.listen);
   }
   grpc::EnableDefaultHealthCheckService(true);
+  if (!options_.health_listen.empty()) RETURN_IF_ERROR(StartHealthPort());
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // No SO_REUSEPORT (gRPC's default on Linux): a second server on the same address must fail
@@ -185,11 +205,40 @@ absl::Status Server::Start() {
                      ": the address is in use (another tessera-server?) or not an address of "
                      "this host"));
   }
-  grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
-  health->SetServingStatus(true);
-  health->SetServingStatus("tessera.v1.TenantAdmin", true);
-  health->SetServingStatus("tessera.v1.Compute", true);
+  for (grpc::Server* server : {grpc_server_.get(), health_server_.get()}) {
+    if (server == nullptr) continue;
+    grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+    health->SetServingStatus(true);
+    health->SetServingStatus("tessera.v1.TenantAdmin", true);
+    health->SetServingStatus("tessera.v1.Compute", true);
+  }
   spdlog::info("serving on port {} ({}), tessera {}", port_, transport_security_, TesseraVersion());
+  return absl::OkStatus();
+}
+
+absl::Status Server::StartHealthPort() {
+  grpc::ServerBuilder builder;
+  builder.SetOption(std::make_unique<WithoutPlugins>());  // health alone: no reflection
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(options_.health_listen, grpc::InsecureServerCredentials(),
+                           &health_port_);
+  // Health requests are tiny; anything else is UNIMPLEMENTED (the generic service, which
+  // also gives the server the callback methods it needs to run without other services).
+  builder.SetMaxReceiveMessageSize(64 << 10);
+  builder.RegisterCallbackGenericService(&health_unimplemented_);
+  health_server_ = builder.BuildAndStart();
+  if (health_server_ == nullptr || health_port_ == 0) {
+    health_server_.reset();
+    return absl::UnavailableError(
+        absl::StrCat("--health_listen: cannot listen on ", options_.health_listen,
+                     ": the address is in use or not an address of this host"));
+  }
+  // NOT_SERVING until the main port serves (Start sets both).
+  grpc::HealthCheckServiceInterface* health = health_server_->GetHealthCheckService();
+  health->SetServingStatus(false);
+  health->SetServingStatus("tessera.v1.TenantAdmin", false);
+  health->SetServingStatus("tessera.v1.Compute", false);
+  spdlog::info("health (grpc.health.v1 only, plaintext) on port {}", health_port_);
   return absl::OkStatus();
 }
 
@@ -197,14 +246,20 @@ void Server::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (grpc_server_ != nullptr) {
-    // 1. Health NOT_SERVING (overall and per service), then give load balancers time.
+    // 1. Health NOT_SERVING (overall and per service, on both ports), then give load
+    // balancers time.
     grpc_server_->GetHealthCheckService()->Shutdown();
+    if (health_server_ != nullptr) health_server_->GetHealthCheckService()->Shutdown();
     spdlog::info("shutting down: health NOT_SERVING");
     if (options_.shutdown_grace > absl::ZeroDuration()) absl::SleepFor(options_.shutdown_grace);
     // 2. Stop accepting; in-flight calls get drain_timeout, then are cancelled.
     grpc_server_->Shutdown(std::chrono::system_clock::now() +
                            absl::ToChronoMilliseconds(options_.drain_timeout));
     grpc_server_->Wait();
+  }
+  if (health_server_ != nullptr) {
+    health_server_->Shutdown(std::chrono::system_clock::now());
+    health_server_->Wait();
   }
   // 3-4. Queued work is drained and the workers joined.
   if (mutations_ != nullptr) mutations_->Stop();

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 
 #include "server/backend/select.h"
@@ -41,6 +42,9 @@ struct ServerOptions {
   /// MPS operations (--mps_manage, --mps_base_dir, --mps_control, --mps_timeout); an empty
   /// base directory means <state_dir>/mps.
   MpsOpsOptions mps_ops;
+  /// --health_listen: a plaintext port serving only grpc.health.v1, mirroring the main
+  /// port's status (for probes that cannot speak TLS, such as the kubelet's); empty: off.
+  std::string health_listen;
   /// --metrics_listen: Prometheus /metrics on this host:port; empty: off.
   std::string metrics_listen;
   /// PEM files; cert and key together enable TLS, client_ca adds mutual TLS.
@@ -83,6 +87,8 @@ class Server {
 
   /// The bound port (after Start).
   int port() const { return port_; }
+  /// The bound --health_listen port (after Start; 0 when off).
+  int health_port() const { return health_port_; }
   const AdminCredential& admin_credential() const { return admin_; }
   const std::string& backend_reason() const { return backend_reason_; }
   /// "insecure", "tls" or "mtls".
@@ -91,12 +97,14 @@ class Server {
 
  private:
   explicit Server(ServerOptions options);
+  absl::Status StartHealthPort();
 
   const ServerOptions options_;
   std::string transport_security_;
   std::string backend_reason_;
   AdminCredential admin_;
   int port_ = 0;
+  int health_port_ = 0;
   bool shut_down_ = false;
 
   // Declared in dependency order: destroyed in reverse.
@@ -110,6 +118,8 @@ class Server {
   std::unique_ptr<TenantAdminService> admin_service_;
   std::unique_ptr<ComputeService> compute_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  grpc::CallbackGenericService health_unimplemented_;
+  std::unique_ptr<grpc::Server> health_server_;
   std::unique_ptr<MetricsServer> metrics_;
   // --mps_manage: notices a daemon that died and starts it again while tenants need it.
   absl::Notification stop_mps_monitor_;

@@ -561,8 +561,12 @@ int MpsCommand(tessera::Client& client, const std::vector<std::string>& args) {
               << (d.gpu() < 0 ? std::string("(all GPUs)") : absl::StrCat("gpu ", d.gpu())) << ": "
               << (d.pid() > 0 ? absl::StrCat("pid ", d.pid()) : std::string("not running"))
               << ", pipe " << d.pipe_directory();
-    if (d.managed()) std::cout << ", " << d.tenants() << " tenant(s)";
+    if (d.managed()) {
+      std::cout << ", " << d.tenants() << " tenant(s), "
+                << (d.started() ? "started by this server" : "found running (left running)");
+    }
     std::cout << "\n";
+    if (!d.log_directory().empty()) std::cout << "  logs: " << d.log_directory() << "\n";
     if (d.default_active_thread_percentage() > 0) {
       std::cout << "  default active threads: " << d.default_active_thread_percentage() << "%\n";
     }

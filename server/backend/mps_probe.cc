@@ -26,6 +26,13 @@ bool ProcessAlive(pid_t pid) {
   return close == std::string::npos || close + 2 >= text.size() || text[close + 2] != 'Z';
 }
 
+std::string ProgramName(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
+  std::string argv0;
+  if (!std::getline(in, argv0, '\0')) return "";
+  return argv0.substr(argv0.rfind('/') + 1);
+}
+
 MpsProbe ProbeMps(const char* pipe_directory_env) {
   MpsProbe probe;
   probe.pipe_directory = pipe_directory_env != nullptr && pipe_directory_env[0] != '\0'
@@ -56,7 +63,16 @@ MpsProbe ProbeMps(const char* pipe_directory_env) {
   // anyone, its /proc entry belongs to someone else.
   const pid_t daemon = static_cast<pid_t>(pid);
   struct stat proc {};
-  const bool alive = ProcessAlive(daemon);
+  bool alive = ProcessAlive(daemon);
+  // A pid file that outlived its daemon may name a process that reused the pid: after a
+  // container restart with the pipe directory on a surviving volume, it is often one of this
+  // server's own threads. Only the control daemon itself counts.
+  const std::string program = alive ? ProgramName(daemon) : "";
+  if (alive && !program.empty() && program != kMpsControlProgram) {
+    probe.summary = absl::StrCat("no MPS control daemon: pid ", pid, " from ", pid_path, " is now ",
+                                 program, ", not ", kMpsControlProgram, " (a stale pid file)");
+    return probe;
+  }
   const bool foreign =
       alive &&
       ((kill(daemon, 0) != 0 && errno == EPERM) ||
@@ -71,8 +87,12 @@ MpsProbe ProbeMps(const char* pipe_directory_env) {
                                  ") belongs to another user; run tessera-server as the MPS "
                                  "user, or the daemon in multi-user mode");
   } else {
+    // Either the daemon exited, or it runs in another PID namespace (another container, as
+    // with the NVIDIA device plugin's MPS daemon), which this process cannot see.
+    probe.daemon_not_visible = true;
     probe.summary = absl::StrCat("no MPS control daemon: pid ", pid, " from ", pid_path,
-                                 " is not running (a stale pid file)");
+                                 " is not running here (a stale pid file, or a daemon in "
+                                 "another PID namespace)");
   }
   return probe;
 }
@@ -89,6 +109,14 @@ absl::StatusOr<MpsChoice> DecideMps(absl::string_view mode, const MpsProbe& prob
   const bool usable = probe.daemon_running && !probe.daemon_other_user;
   if (usable) {
     return MpsChoice{MpsDecision::kMps, absl::StrCat("--mps=", mode, ": ", probe.summary)};
+  }
+  if (mode == "require" && probe.daemon_not_visible) {
+    // The operator says MPS is there. The driver connects through the pipe directory, not
+    // the pid, so it has the last word: the CUDA backend checks that it did connect
+    // (CU_DEVICE_ATTRIBUTE_MPS_ENABLED) and fails the start otherwise.
+    return MpsChoice{MpsDecision::kMps,
+                     absl::StrCat("--mps=require: ", probe.summary,
+                                  "; trusting the pipe directory, the driver must connect")};
   }
   if (mode == "require") {
     return absl::FailedPreconditionError(absl::StrCat("--mps=require: ", probe.summary,

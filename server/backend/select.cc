@@ -2,27 +2,20 @@
 
 #include <climits>
 #include <cstdlib>
-#include <thread>
 
 #include <dlfcn.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 #include "server/backend/cpu/cpu_backend.h"
 #include "server/backend/cuda_module.h"
 #include "server/backend/mps_probe.h"
+#include "server/common/host_limits.h"
 
 namespace tessera {
 namespace {
-
-// Whether the NVIDIA driver library can be loaded on this host (it is unloaded again).
-bool CudaDriverPresent() {
-  void* handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-  if (handle == nullptr) return false;
-  dlclose(handle);
-  return true;
-}
 
 // The directory holding this executable, with a trailing slash ("" when unknown).
 std::string ExecutableDirectory() {
@@ -75,6 +68,13 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(const BackendOptions& o
 
 }  // namespace
 
+bool CudaDriverPresent() {
+  void* handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (handle == nullptr) return false;
+  dlclose(handle);
+  return true;
+}
+
 absl::StatusOr<BackendChoice> SelectBackend(const BackendOptions& options) {
   if (options.backend != "auto" && options.backend != "cpu" && options.backend != "cuda") {
     return absl::InvalidArgumentError(
@@ -116,14 +116,22 @@ absl::StatusOr<BackendChoice> SelectBackend(const BackendOptions& options) {
                      reason, "); use --mps=auto or --mps=off"));
   }
 
+  // Defaults from what this process may use (a container's cgroup limits), not the host's
+  // totals: a pool of 64 workers under a 4-CPU quota is throttled, and half of a 512 GiB
+  // node's memory under a 16 GiB limit is an OOM kill.
+  const HostLimits host = ReadHostLimits();
   uint64_t memory = options.cpu_memory_bytes;
-  if (memory == 0) memory = PhysicalMemoryBytes() / 2;
+  if (memory == 0) memory = host.memory_bytes / 2;
   if (memory == 0) {
     return absl::FailedPreconditionError(
         "cannot read this host's physical memory; set --cpu_memory_bytes");
   }
   uint32_t threads = options.cpu_threads;
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  if (threads == 0) threads = host.cpus;
+  spdlog::info("CPU backend: {} worker thread(s) ({}), {} bytes of tensor memory ({})", threads,
+               options.cpu_threads != 0 ? "--cpu_threads" : host.cpus_source, memory,
+               options.cpu_memory_bytes != 0 ? "--cpu_memory_bytes"
+                                             : absl::StrCat("half of ", host.memory_source));
   BackendChoice choice;
   choice.backend = std::make_unique<CpuBackend>(
       CpuBackend::Options{.memory_bytes = memory, .worker_threads = threads, .reason = reason});

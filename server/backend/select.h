@@ -16,9 +16,11 @@ struct BackendOptions {
   std::string backend = "auto";
   /// "auto", "require" or "off".
   std::string mps = "auto";
-  /// CPU backend capacity in bytes; 0: half of physical memory.
+  /// CPU backend capacity in bytes; 0: half of the memory this process may use (physical
+  /// memory, or the control group's limit when lower).
   uint64_t cpu_memory_bytes = 0;
-  /// CPU worker threads; 0: one per hardware thread.
+  /// CPU worker threads; 0: one per CPU this process may use (the affinity mask, or the
+  /// control group's CPU quota when lower).
   uint32_t cpu_threads = 0;
 };
 
@@ -32,6 +34,10 @@ struct BackendChoice {
 /// backend, or `--mps=require` without MPS, is FAILED_PRECONDITION with the reason; `auto`
 /// falls back to the CPU backend and says why. Bad flag values are INVALID_ARGUMENT.
 absl::StatusOr<BackendChoice> SelectBackend(const BackendOptions& options);
+
+/// Whether the NVIDIA driver library (libcuda.so.1) can be loaded here. Loads and unloads
+/// it without initializing the driver, so the MPS environment can still be set afterwards.
+bool CudaDriverPresent();
 
 }  // namespace tessera
 

@@ -1,15 +1,21 @@
 #include "server/mps/manager.h"
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <vector>
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
@@ -18,88 +24,105 @@
 namespace tessera {
 namespace {
 
-bool Alive(pid_t pid) { return ProcessAlive(pid); }
-
-}  // namespace
-
-std::string MpsManager::PipeDirectory(int gpu) const {
-  return absl::StrCat(options_.base_directory, "/gpu", gpu, "/pipe");
-}
-
-MpsControlClient MpsManager::ClientFor(int gpu) const {
-  return MpsControlClient({.binary = options_.binary,
-                           .pipe_directory = PipeDirectory(gpu),
-                           .timeout = options_.timeout});
-}
-
-absl::Status MpsManager::CheckOwnership(const std::vector<int>& gpus) const {
-  for (int gpu : gpus) {
-    const std::string dir = PipeDirectory(gpu);
-    MpsProbe probe = ProbeMps(dir.c_str());
-    if (probe.daemon_other_user) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--mps_manage: another user's MPS control daemon (pid ", *probe.daemon_pid,
-                       ") owns ", dir,
-                       "; run tessera-server as that user (the MPS user), stop that daemon, "
-                       "or choose another --mps_base_dir"));
-    }
+// Makes `dir` (and its parents) and restricts it to this user: the daemon, its servers and
+// this process share one uid, and nobody else has business in the pipes.
+absl::Status MakePrivateDirectory(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--mps_manage: cannot create ", dir, ": ", ec.message()));
+  }
+  if (chmod(dir.c_str(), 0700) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--mps_manage: cannot restrict ", dir, " to mode 0700: ", strerror(errno)));
   }
   return absl::OkStatus();
 }
 
-absl::Status MpsManager::Reconcile(const std::vector<uint32_t>& tenants_per_gpu) {
-  absl::MutexLock lock(&mu_);
-  absl::Status first;
-  for (size_t gpu = 0; gpu < tenants_per_gpu.size(); ++gpu) {
-    Daemon& d = daemons_[static_cast<int>(gpu)];
-    d.gpu = static_cast<int>(gpu);
-    d.pipe_directory = PipeDirectory(d.gpu);
-    d.log_directory = absl::StrCat(options_.base_directory, "/gpu", gpu, "/log");
-    const uint32_t before = d.tenants;
-    d.tenants = tenants_per_gpu[gpu];
-    absl::Status s;
-    if (d.tenants > 0 && !Alive(d.pid)) {
-      if (d.pid != 0) {
-        spdlog::warn(
-            "MPS control daemon for GPU {} (pid {}) died; starting it again for its {} "
-            "tenant(s)",
-            gpu, d.pid, d.tenants);
-        d.pid = 0;
-      }
-      s = StartLocked(d);
-    } else if (d.tenants == 0 && before > 0 && d.pid != 0) {
-      StopLocked(d);
+}  // namespace
+
+std::string ProcessEnvironmentValue(pid_t pid, const std::string& name) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string prefix = name + "=";
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\0', start);
+    if (end == std::string::npos) end = text.size();
+    if (text.compare(start, prefix.size(), prefix) == 0) {
+      return text.substr(start + prefix.size(), end - start - prefix.size());
     }
-    if (!s.ok() && first.ok()) first = s;
+    start = end + 1;
   }
-  return first;
+  return "";
 }
 
-absl::Status MpsManager::StartLocked(Daemon& d) {
-  std::error_code ec;
-  std::filesystem::create_directories(d.pipe_directory, ec);
-  if (!ec) std::filesystem::create_directories(d.log_directory, ec);
-  if (ec) {
-    d.error = absl::StrCat("cannot create ", d.pipe_directory, " or ", d.log_directory, ": ",
-                           ec.message());
-    return absl::FailedPreconditionError(d.error);
+MpsManager::MpsManager(Options options)
+    : options_(std::move(options)),
+      pipe_directory_(options_.base_directory + "/pipe"),
+      log_directory_(options_.base_directory + "/log") {
+  daemon_.pipe_directory = pipe_directory_;
+  daemon_.log_directory = log_directory_;
+}
+
+MpsControlClient MpsManager::Client() const {
+  return MpsControlClient(
+      {.binary = options_.binary, .pipe_directory = pipe_directory_, .timeout = options_.timeout});
+}
+
+absl::Status MpsManager::Start() {
+  absl::MutexLock lock(&mu_);
+  absl::Status s = MakePrivateDirectory(pipe_directory_);
+  if (s.ok()) s = MakePrivateDirectory(log_directory_);
+  if (s.ok()) {
+    MpsProbe probe = ProbeMps(pipe_directory_.c_str());
+    if (probe.daemon_other_user) {
+      s = absl::FailedPreconditionError(absl::StrCat(
+          "--mps_manage: another user's MPS control daemon (pid ", *probe.daemon_pid, ") owns ",
+          pipe_directory_,
+          "; run tessera-server as that user (the MPS user), stop that daemon, or choose "
+          "another --mps_base_dir"));
+    } else if (probe.daemon_running) {
+      // Ours, left by an earlier run: join it, but it was not started here, so it stays.
+      daemon_.pid = *probe.daemon_pid;
+      daemon_.started = false;
+      spdlog::info(
+          "--mps_manage: MPS control daemon already running (pid {}, pipe directory {}); "
+          "joining it and leaving it running at shutdown",
+          daemon_.pid, pipe_directory_);
+    } else {
+      if (probe.daemon_pid.has_value()) {
+        // The pipe directory is this server's own: a pid file that outlived its daemon (a
+        // container restarted with the directory on a surviving volume) goes.
+        spdlog::info("--mps_manage: removing a stale pid file ({})", probe.summary);
+        std::filesystem::remove(absl::StrCat(pipe_directory_, "/", kMpsControlPidFile));
+      }
+      s = SpawnLocked();
+    }
   }
-  MpsProbe probe = ProbeMps(d.pipe_directory.c_str());
-  if (probe.daemon_other_user) {
-    d.error = absl::StrCat("another user's MPS control daemon (pid ", *probe.daemon_pid, ") owns ",
-                           d.pipe_directory, "; not starting one");
-    return absl::FailedPreconditionError(d.error);
+  if (!s.ok()) {
+    daemon_.error = std::string(s.message());
+    return s;
   }
-  if (probe.daemon_running) {  // ours, e.g. left by an earlier run: adopt it
-    d.pid = *probe.daemon_pid;
-    d.error.clear();
-    spdlog::info("MPS control daemon for GPU {} already running (pid {}); using it", d.gpu, d.pid);
-    return absl::OkStatus();
+  daemon_.error.clear();
+  daemon_.visible_devices = ProcessEnvironmentValue(daemon_.pid, "CUDA_VISIBLE_DEVICES");
+  // The driver reads these when it initializes; nothing has initialized it yet.
+  setenv("CUDA_MPS_PIPE_DIRECTORY", pipe_directory_.c_str(), 1);
+  setenv("CUDA_MPS_LOG_DIRECTORY", log_directory_.c_str(), 1);
+  if (!daemon_.visible_devices.empty()) {
+    spdlog::info(
+        "--mps_manage: the MPS server renumbers the daemon's CUDA_VISIBLE_DEVICES={} from 0; "
+        "removing the variable from this process so the devices are not filtered twice",
+        daemon_.visible_devices);
+    unsetenv("CUDA_VISIBLE_DEVICES");
   }
-  std::vector<std::string> env_storage =
-      EnvironmentWith({{"CUDA_VISIBLE_DEVICES", absl::StrCat(d.gpu)},
-                       {"CUDA_MPS_PIPE_DIRECTORY", d.pipe_directory},
-                       {"CUDA_MPS_LOG_DIRECTORY", d.log_directory}});
+  return absl::OkStatus();
+}
+
+absl::Status MpsManager::SpawnLocked() {
+  std::vector<std::string> env_storage = EnvironmentWith(
+      {{"CUDA_MPS_PIPE_DIRECTORY", pipe_directory_}, {"CUDA_MPS_LOG_DIRECTORY", log_directory_}});
   std::vector<char*> envp;
   for (std::string& e : env_storage) envp.push_back(e.data());
   envp.push_back(nullptr);
@@ -111,8 +134,8 @@ absl::Status MpsManager::StartLocked(Daemon& d) {
   int spawned =
       posix_spawnp(&launcher, binary.c_str(), nullptr, attributes.get(), argv, envp.data());
   if (spawned != 0) {
-    d.error = absl::StrCat("cannot run ", binary, " -d: ", std::strerror(spawned));
-    return absl::FailedPreconditionError(d.error);
+    return absl::FailedPreconditionError(
+        absl::StrCat("--mps_manage: cannot run ", binary, " -d: ", std::strerror(spawned)));
   }
   // `-d` forks the daemon and returns; then the daemon writes its pid file.
   const absl::Time deadline = absl::Now() + options_.timeout;
@@ -128,59 +151,90 @@ absl::Status MpsManager::StartLocked(Daemon& d) {
   if (!exited) {
     kill(launcher, SIGKILL);
     waitpid(launcher, &status, 0);
-    d.error =
-        absl::StrCat(binary, " -d did not return within ", absl::FormatDuration(options_.timeout));
-    return absl::UnavailableError(d.error);
+    return absl::UnavailableError(absl::StrCat("--mps_manage: ", binary,
+                                               " -d did not return within ",
+                                               absl::FormatDuration(options_.timeout)));
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    d.error = absl::StrCat(binary, " -d failed (status ", status, "); see ", d.log_directory,
-                           "/control.log");
-    return absl::UnavailableError(d.error);
+    return absl::UnavailableError(absl::StrCat("--mps_manage: ", binary, " -d failed (status ",
+                                               status, "); see ", log_directory_, "/control.log"));
   }
   while (absl::Now() < deadline) {
-    probe = ProbeMps(d.pipe_directory.c_str());
+    MpsProbe probe = ProbeMps(pipe_directory_.c_str());
     if (probe.daemon_running && !probe.daemon_other_user) {
-      d.pid = *probe.daemon_pid;
-      d.error.clear();
-      spdlog::info("started the MPS control daemon for GPU {} (pid {}, pipe directory {})", d.gpu,
-                   d.pid, d.pipe_directory);
+      daemon_.pid = *probe.daemon_pid;
+      daemon_.started = true;
+      spdlog::info("--mps_manage: started the MPS control daemon (pid {}, pipe directory {})",
+                   daemon_.pid, pipe_directory_);
       return absl::OkStatus();
     }
     absl::SleepFor(absl::Milliseconds(5));
   }
-  d.error = absl::StrCat("the MPS control daemon for GPU ", d.gpu, " wrote no pid file in ",
-                         d.pipe_directory, " within ", absl::FormatDuration(options_.timeout));
-  return absl::UnavailableError(d.error);
+  return absl::UnavailableError(
+      absl::StrCat("--mps_manage: the MPS control daemon wrote no pid file in ", pipe_directory_,
+                   " within ", absl::FormatDuration(options_.timeout)));
 }
 
-void MpsManager::StopLocked(Daemon& d) {
-  absl::Status quit = ClientFor(d.gpu).Quit();
-  if (!quit.ok()) {
-    d.error = absl::StrCat("quit: ", quit.message());
-    spdlog::warn("MPS control daemon for GPU {} (pid {}): {}", d.gpu, d.pid, d.error);
-  } else {
-    spdlog::info("stopped the MPS control daemon for GPU {} (pid {})", d.gpu, d.pid);
-    d.error.clear();
-  }
-  d.pid = 0;
+void MpsManager::Check() {
+  absl::MutexLock lock(&mu_);
+  if (daemon_.pid == 0 || ProcessAlive(daemon_.pid)) return;
+  daemon_.error = absl::StrCat(
+      "the MPS control daemon (pid ", daemon_.pid,
+      ") exited; this process joined it when the CUDA driver initialized and cannot join "
+      "another: restart tessera-server to use MPS again");
+  spdlog::error("--mps_manage: {}", daemon_.error);
+  daemon_.pid = 0;
 }
 
 void MpsManager::Shutdown() {
   absl::MutexLock lock(&mu_);
-  for (auto& [gpu, d] : daemons_) {
-    if (d.pid != 0) StopLocked(d);
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (daemon_.pid == 0 || !ProcessAlive(daemon_.pid)) return;
+  if (!daemon_.started) {
+    spdlog::info("--mps_manage: leaving the MPS control daemon (pid {}) running: not started here",
+                 daemon_.pid);
+    return;
   }
+  // Other processes pointed at this pipe directory may still be its clients; this process
+  // stays one until it exits (the driver detaches at process exit), so it does not count.
+  const MpsControlClient client = Client();
+  std::vector<pid_t> others;
+  absl::StatusOr<std::vector<pid_t>> servers = client.GetServerList();
+  if (servers.ok()) {
+    for (pid_t server : *servers) {
+      absl::StatusOr<std::vector<pid_t>> clients = client.GetClientList(server);
+      if (!clients.ok()) continue;
+      for (pid_t c : *clients) {
+        if (c != getpid() && ProcessAlive(c)) others.push_back(c);
+      }
+    }
+  } else {
+    spdlog::warn("--mps_manage: cannot list the daemon's clients ({}); quitting it anyway",
+                 std::string(servers.status().message()));
+  }
+  if (!others.empty()) {
+    spdlog::warn(
+        "--mps_manage: leaving the MPS control daemon (pid {}) running for its other client(s) "
+        "[{}]; stop it with `echo quit | CUDA_MPS_PIPE_DIRECTORY={} nvidia-cuda-mps-control`",
+        daemon_.pid, absl::StrJoin(others, ", "), pipe_directory_);
+    return;
+  }
+  absl::Status quit = client.Quit();
+  if (!quit.ok()) {
+    daemon_.error = absl::StrCat("quit: ", quit.message());
+    spdlog::warn("--mps_manage: MPS control daemon (pid {}): {}", daemon_.pid, daemon_.error);
+    return;
+  }
+  spdlog::info("--mps_manage: stopped the MPS control daemon (pid {})", daemon_.pid);
+  daemon_.pid = 0;
 }
 
-std::vector<MpsManager::Daemon> MpsManager::daemons() const {
+MpsManager::Daemon MpsManager::daemon() const {
   absl::MutexLock lock(&mu_);
-  std::vector<Daemon> out;
-  for (const auto& [gpu, d] : daemons_) {
-    Daemon copy = d;
-    if (!Alive(copy.pid)) copy.pid = 0;
-    out.push_back(std::move(copy));
-  }
-  return out;
+  Daemon copy = daemon_;
+  if (!ProcessAlive(copy.pid)) copy.pid = 0;
+  return copy;
 }
 
 }  // namespace tessera

@@ -1,19 +1,26 @@
 #ifndef TESSERA_SERVER_MPS_MANAGER_H_
 #define TESSERA_SERVER_MPS_MANAGER_H_
 
-// --mps_manage: one MPS control daemon per GPU in use, each with its own pipe and log
-// directories under a base directory and CUDA_VISIBLE_DEVICES set to its GPU, reference
-// counted by the tenants placed on that GPU: started for the first, sent `quit` when the last
-// leaves and on shutdown. A daemon that died is noticed and started again while tenants need
-// it. Thread-safe.
-#include <map>
+// --mps_manage: one MPS control daemon for the GPUs this server serves, under
+// <base>/pipe and <base>/log, started (or found running) BEFORE the CUDA driver initializes.
+//
+// Why one, and why first: the driver connects a process to the control daemon of the
+// CUDA_MPS_PIPE_DIRECTORY it sees when CUDA is first initialized (NVIDIA's MPS guide, 3.3.2
+// "Client Attach/Detach"), once; a process is the client of that daemon or of none. So the
+// manager starts the daemon, then points this process's environment at it, and only then may
+// the backend load the CUDA module. One daemon serves every visible GPU (guide, 2.3.4 "MPS on
+// Multi-GPU Systems"); it inherits this process's CUDA_VISIBLE_DEVICES, and because the MPS
+// server then renumbers the devices (guide, 4.2.1), the variable is removed from this
+// process's environment so the client does not filter them a second time.
+//
+// At shutdown a daemon this manager started is sent `quit` once no client other than this
+// process remains; a daemon it found running is left alone. Thread-safe.
 #include <string>
-#include <vector>
 
 #include <sys/types.h>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -24,7 +31,8 @@ namespace tessera {
 class MpsManager {
  public:
   struct Options {
-    /// gpu<N>/pipe and gpu<N>/log are made under it.
+    /// pipe/ and log/ are made under it (mode 0700: the daemon, its servers and this process
+    /// run as one user).
     std::string base_directory;
     /// nvidia-cuda-mps-control (PATH lookup unless it contains a slash).
     std::string binary = "nvidia-cuda-mps-control";
@@ -32,49 +40,62 @@ class MpsManager {
     absl::Duration timeout = absl::Seconds(5);
   };
 
-  /// What the manager knows of one GPU's daemon.
+  /// What the manager knows of its daemon.
   struct Daemon {
-    int gpu = 0;
     std::string pipe_directory;
     std::string log_directory;
-    /// Tenants placed on the GPU.
-    uint32_t tenants = 0;
     /// 0 when not running.
     pid_t pid = 0;
-    /// The last error starting or stopping it (empty when fine).
+    /// Started by this manager (quit at shutdown); false for one found running.
+    bool started = false;
+    /// The daemon's CUDA_VISIBLE_DEVICES ("" when unset or unknown).
+    std::string visible_devices;
+    /// The last error starting, watching or stopping it (empty when fine).
     std::string error;
   };
 
-  explicit MpsManager(Options options) : options_(std::move(options)) {}
+  explicit MpsManager(Options options);
   ~MpsManager() { Shutdown(); }
   MpsManager(const MpsManager&) = delete;
   MpsManager& operator=(const MpsManager&) = delete;
 
-  /// FAILED_PRECONDITION when another user's daemon owns a pipe directory of these GPUs
-  /// (this server must run as the MPS user), with a message saying so.
-  absl::Status CheckOwnership(const std::vector<int>& gpus) const;
+  /// Starts the daemon, or adopts one of this user already running in the pipe directory,
+  /// then sets CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY in this process's
+  /// environment (and unsets CUDA_VISIBLE_DEVICES when the daemon has one). Call once, before
+  /// the CUDA driver initializes and while no other thread reads the environment.
+  /// FAILED_PRECONDITION when another user's daemon owns the pipe directory (this server must
+  /// run as the MPS user) or the directories cannot be made; UNAVAILABLE when the daemon does
+  /// not come up within the timeout.
+  absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
 
-  /// Brings the daemons in line with `tenants_per_gpu` (index: GPU): starts the daemon of
-  /// each GPU going from 0 tenants to some, quits it for each going to 0, restarts one that
-  /// died while tenants remain. Errors are returned (the first) and kept per daemon.
-  absl::Status Reconcile(const std::vector<uint32_t>& tenants_per_gpu) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Notices a daemon that died (logged once, kept in `error`). It is not started again: this
+  /// process joined it when the driver initialized and cannot join another, so only a restart
+  /// of tessera-server brings MPS back.
+  void Check() ABSL_LOCKS_EXCLUDED(mu_);
 
-  /// Sends `quit` to every daemon this manager started. Idempotent.
+  /// Quits a daemon this manager started once no client but this process remains (a daemon
+  /// with other clients is left running and logged); leaves a found one alone. Idempotent.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
-  std::vector<Daemon> daemons() const ABSL_LOCKS_EXCLUDED(mu_);
-  /// A control client for GPU `gpu`'s daemon.
-  MpsControlClient ClientFor(int gpu) const;
-  std::string PipeDirectory(int gpu) const;
+  Daemon daemon() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// A control client for the daemon.
+  MpsControlClient Client() const;
+  const std::string& pipe_directory() const { return pipe_directory_; }
 
  private:
-  absl::Status StartLocked(Daemon& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StopLocked(Daemon& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SpawnLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
+  const std::string pipe_directory_;
+  const std::string log_directory_;
   mutable absl::Mutex mu_;
-  std::map<int, Daemon> daemons_ ABSL_GUARDED_BY(mu_);
+  Daemon daemon_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+/// The value of `name` in process `pid`'s initial environment (/proc/PID/environ), or "" when
+/// unset or unreadable.
+std::string ProcessEnvironmentValue(pid_t pid, const std::string& name);
 
 }  // namespace tessera
 

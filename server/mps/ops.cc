@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
 #include "server/backend/mps_probe.h"
@@ -18,17 +19,42 @@ MpsOps::MpsOps(MpsOpsOptions options) : options_(std::move(options)) {
   }
 }
 
-absl::Status MpsOps::Start(int gpus) {
+absl::Status MpsOps::StartBeforeDriver(const std::string& backend, const std::string& mps,
+                                       bool driver_present) {
   if (manager_ == nullptr) return absl::OkStatus();
-  std::vector<int> all;
-  for (int gpu = 0; gpu < gpus; ++gpu) all.push_back(gpu);
-  return manager_->CheckOwnership(all);
+  if (mps == "off") {
+    return absl::InvalidArgumentError(
+        "--mps_manage starts an MPS control daemon for the tenants' contexts to join, and "
+        "--mps=off keeps them from joining one; drop one of the two");
+  }
+  if (backend == "cpu") {
+    not_started_ = "not started: --backend=cpu";
+  } else if (!driver_present) {
+    not_started_ = "not started: no CUDA driver (libcuda.so.1) on this host";
+  }
+  if (!not_started_.empty()) {
+    spdlog::warn("--mps_manage: {}", not_started_);
+    return absl::OkStatus();
+  }
+  absl::Status started = manager_->Start();
+  if (started.ok() || mps == "require") return started;
+  spdlog::warn("{}; continuing without MPS (--mps=auto)", std::string(started.message()));
+  return absl::OkStatus();
+}
+
+void MpsOps::NotNeeded(const std::string& why) {
+  if (manager_ == nullptr || !not_started_.empty()) return;
+  not_started_ = absl::StrCat("not used: ", why);
+  spdlog::warn("--mps_manage: the CUDA backend does not serve ({}); stopping the daemon", why);
+  manager_->Shutdown();
 }
 
 void MpsOps::Reconcile(const std::vector<uint32_t>& tenants_per_gpu) {
   if (manager_ == nullptr) return;
-  absl::Status status = manager_->Reconcile(tenants_per_gpu);
-  if (!status.ok()) spdlog::warn("--mps_manage: {}", status.message());
+  uint32_t total = 0;
+  for (uint32_t n : tenants_per_gpu) total += n;
+  tenants_.store(total, std::memory_order_relaxed);
+  if (not_started_.empty()) manager_->Check();
 }
 
 void MpsOps::Shutdown() {
@@ -66,15 +92,16 @@ MpsDaemonReport MpsOps::Ask(const MpsControlClient& client, MpsDaemonReport repo
 std::vector<MpsDaemonReport> MpsOps::Report() const {
   std::vector<MpsDaemonReport> reports;
   if (manager_ != nullptr) {
-    for (const MpsManager::Daemon& d : manager_->daemons()) {
-      MpsDaemonReport r{.gpu = d.gpu,
-                        .pipe_directory = d.pipe_directory,
-                        .pid = d.pid,
-                        .managed = true,
-                        .tenants = d.tenants,
-                        .error = d.error};
-      reports.push_back(Ask(manager_->ClientFor(d.gpu), std::move(r)));
-    }
+    const MpsManager::Daemon d = manager_->daemon();
+    MpsDaemonReport r{.gpu = -1,
+                      .pipe_directory = d.pipe_directory,
+                      .log_directory = d.log_directory,
+                      .pid = d.pid,
+                      .managed = true,
+                      .started = d.started,
+                      .tenants = tenants_.load(std::memory_order_relaxed),
+                      .error = d.error.empty() ? not_started_ : d.error};
+    reports.push_back(Ask(manager_->Client(), std::move(r)));
     return reports;
   }
   MpsProbe probe = ProbeMps(std::getenv("CUDA_MPS_PIPE_DIRECTORY"));

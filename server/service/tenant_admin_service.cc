@@ -258,6 +258,8 @@ grpc::ServerUnaryReactor* TenantAdminService::GetMpsStatus(grpc::CallbackServerC
                    d->set_pipe_directory(r.pipe_directory);
                    d->set_pid(r.pid);
                    d->set_managed(r.managed);
+                   d->set_started(r.started);
+                   d->set_log_directory(r.log_directory);
                    d->set_tenants(r.tenants);
                    for (const MpsServerReport& server : r.servers) {
                      v1::MpsServer* s = d->add_servers();

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Checks deploy/: the systemd units with `systemd-analyze verify` (in a scratch root that has
 # stand-ins for the NVIDIA tools and the installed server, which this machine lacks; any
-# warning fails), the Kubernetes manifests with yamllint and tests/deploy/check_manifests.py.
+# warning fails), the Kubernetes manifests with yamllint and tests/deploy/check_manifests.py:
+# the manifests pass, every property is reported when broken (--self-test), and the DaemonSet
+# from before issue 15 (tests/deploy/testdata/) fails on the properties that issue named.
 # The container image is not built here (no container engine on CI).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -30,5 +32,30 @@ fi
 echo "systemd units ok: $units"
 
 yamllint -d '{extends: default, rules: {line-length: {max: 100}, document-start: disable}}' \
-  "$root"/deploy/kubernetes/*.yaml
-python3 "$root/tests/deploy/check_manifests.py" "$root/deploy/kubernetes"
+  "$root"/deploy/kubernetes/*.yaml "$root"/tests/deploy/testdata/*.yaml
+checker="$root/tests/deploy/check_manifests.py"
+
+# The manifests: every property holds.
+python3 "$checker" "$root/deploy/kubernetes"
+
+# The checker reports each property when it is broken (mutations of the manifests above).
+python3 "$checker" --self-test "$root/deploy/kubernetes"
+
+# The DaemonSet before issue 15 must fail, on (at least) the properties that issue named.
+mkdir "$scratch/before"
+cp "$root/tests/deploy/testdata/daemonset-before-issue-15.yaml" "$scratch/before/"
+if before=$(python3 "$checker" "$scratch/before" 2>&1); then
+  echo "$before" >&2
+  echo "check_manifests.py passed the DaemonSet from before issue 15" >&2
+  exit 1
+fi
+failed=$(sed -n 's/^failed properties: //p' <<<"$before")
+for prop in gpu-once host-ipc capabilities tolerations resources probes tls state-dir dev-shm; do
+  if [[ ",$failed," != *",$prop,"* ]]; then
+    echo "$before" >&2
+    echo "check_manifests.py did not report $prop on the DaemonSet from before issue 15" >&2
+    exit 1
+  fi
+done
+echo "$before"
+echo "the DaemonSet from before issue 15 fails as expected: $failed"

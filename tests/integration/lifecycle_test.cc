@@ -5,7 +5,10 @@
 #include <set>
 #include <sstream>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -31,8 +34,9 @@ using testing::kGiB;
 
 class LifecycleTest : public testing::ServerTest {
  protected:
-  absl::StatusOr<HealthCheckResponse::ServingStatus> Health(const std::string& service) {
-    auto stub = Health::NewStub(admin_->channel());
+  absl::StatusOr<HealthCheckResponse::ServingStatus> Health(
+      const std::string& service, std::shared_ptr<grpc::Channel> channel = nullptr) {
+    auto stub = Health::NewStub(channel != nullptr ? channel : admin_->channel());
     grpc::ClientContext context;  // no credentials: health is open to probes
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     HealthCheckRequest request;
@@ -112,6 +116,99 @@ TEST_F(LifecycleTest, HealthIsNotServingWhileShuttingDown) {
   EXPECT_EQ(*Health("tessera.v1.TenantAdmin"), HealthCheckResponse::NOT_SERVING);
   EXPECT_EQ(*Health("tessera.v1.Compute"), HealthCheckResponse::NOT_SERVING);
   EXPECT_EQ(*server_->Stop(SIGTERM), 0);  // already exiting; a second signal is harmless
+}
+
+// A free loopback port (bound, read, released; the server binds it right after).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// --health_listen: a plaintext port for probes that cannot do TLS (the kubelet's gRPC probe),
+// serving grpc.health.v1 and nothing else, with the main port's status.
+TEST_F(LifecycleTest, TheHealthPortServesHealthAloneAndFollowsTheMainPort) {
+  ASSERT_EQ(*server_->Stop(SIGTERM), 0);
+  const std::string health_address = absl::StrCat("127.0.0.1:", FreePort());
+  StartServer({"--health_listen=" + health_address, "--shutdown_grace=3s", "--log_level=info"});
+  auto channel = grpc::CreateChannel(health_address, grpc::InsecureChannelCredentials());
+  EXPECT_EQ(*Health("", channel), HealthCheckResponse::SERVING);
+  EXPECT_EQ(*Health("tessera.v1.TenantAdmin", channel), HealthCheckResponse::SERVING);
+  EXPECT_EQ(*Health("tessera.v1.Compute", channel), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health("no.such.Service", channel).status().code(), absl::StatusCode::kNotFound);
+
+  // Nothing else answers there: not the API, not reflection.
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer " + server_->AdminToken());
+    v1::ServerInfo info;
+    EXPECT_EQ(v1::TenantAdmin::NewStub(channel)
+                  ->GetServerInfo(&context, v1::GetServerInfoRequest(), &info)
+                  .error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
+  }
+  {
+    grpc::ClientContext context;
+    auto stream =
+        grpc::reflection::v1alpha::ServerReflection::NewStub(channel)->ServerReflectionInfo(
+            &context);
+    grpc::reflection::v1alpha::ServerReflectionRequest list;
+    list.set_list_services("");
+    stream->Write(list);
+    stream->WritesDone();
+    grpc::reflection::v1alpha::ServerReflectionResponse response;
+    while (stream->Read(&response)) {
+    }
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  }
+
+  // Shutting down: NOT_SERVING there too, from the first moment.
+  kill(server_->pid(), SIGTERM);
+  ASSERT_TRUE(server_->WaitForOutput("health NOT_SERVING", absl::Seconds(10)));
+  EXPECT_EQ(*Health("", channel), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(*Health("tessera.v1.Compute", channel), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(*server_->Stop(SIGTERM), 0);
+}
+
+TEST_F(LifecycleTest, ATakenHealthPortIsAStartUpErrorNamingIt) {
+  const std::string taken = absl::StrCat("127.0.0.1:", server_->port());
+  auto result = testing::RunCommand(
+      {testing::ServerBinary(), "--listen=127.0.0.1:0", "--state_dir=" + dir_.File("other"),
+       "--health_listen=" + taken, "--backend=cpu"},
+      {});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_NE(result->exit_code, 0);
+  EXPECT_THAT(result->output, HasSubstr("--health_listen: cannot listen on " + taken));
+}
+
+// The CPU backend's pool is sized from what the process may use, not the host's CPU count:
+// a server started with one CPU in its affinity mask gets one worker (the cgroup quota is
+// read the same way; tests/unit/server/common/host_limits_test.cc covers its files).
+TEST_F(LifecycleTest, TheCpuPoolFollowsTheCpusTheProcessMayUse) {
+  if (testing::BackendUnderTest().name != "cpu") GTEST_SKIP() << "the CPU backend's pool";
+  ASSERT_EQ(*server_->Stop(SIGTERM), 0);
+  cpu_set_t all, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &all)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  StartServer();  // inherits the mask
+  ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+  auto info = admin_->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->devices_size(), 1);
+  EXPECT_EQ(info->devices(0).name(), "cpu (1 threads)");
 }
 
 TEST_F(LifecycleTest, ReflectionListsAndDescribesTheServices) {

@@ -7,6 +7,11 @@
 #include <fstream>
 #include <string>
 
+#include <grp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "gtest/gtest.h"
 
 #include "server/mps/control_client.h"
@@ -29,6 +34,34 @@ inline void PutFakeMpsOnPath() {
     setenv("PATH", (FakeMpsBinDir() + ":" + current).c_str(), 1);
   }
 }
+
+/// A process that looks like a control daemon to the probe (argv[0] is
+/// nvidia-cuda-mps-control), optionally of another user; killed and reaped on destruction.
+class StandInDaemon {
+ public:
+  explicit StandInDaemon(uid_t uid = 0, gid_t gid = 0) {
+    const bool other_user = uid != 0;
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (other_user && (setgroups(0, nullptr) != 0 || setresgid(gid, gid, gid) != 0 ||
+                         setresuid(uid, uid, uid) != 0)) {
+        _exit(126);
+      }
+      execlp("sleep", "nvidia-cuda-mps-control", "60", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  ~StandInDaemon() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  StandInDaemon(const StandInDaemon&) = delete;
+  StandInDaemon& operator=(const StandInDaemon&) = delete;
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+};
 
 class FakeMps {
  public:

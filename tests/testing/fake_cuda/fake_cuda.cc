@@ -452,14 +452,27 @@ CUresult StreamIn(CUstream stream, const char* call) {
 
 // ---- initialization, devices -------------------------------------------------------------
 
-bool MpsDaemonAlive() {
+std::string MpsPipeDirectory() {
   const char* dir = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-  std::string path = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp/nvidia-mps") +
-                     "/nvidia-cuda-mps-control.pid";
-  std::ifstream in(path);
+  return dir != nullptr && *dir != '\0' ? dir : "/tmp/nvidia-mps";
+}
+
+bool MpsDaemonAlive() {
+  std::ifstream in(MpsPipeDirectory() + "/nvidia-cuda-mps-control.pid");
   long pid = 0;
   if (!(in >> pid) || pid <= 0) return false;
   return kill(static_cast<pid_t>(pid), 0) == 0;
+}
+
+// The real driver connects the process to the control daemon when CUDA is first initialized
+// (MPS guide, "Client Attach/Detach"), once, and stays its client until the process exits.
+// The fake announces itself to the fake daemon the same way: fake_client_<pid> in the pipe
+// directory, with the CUDA_VISIBLE_DEVICES this process had (the MPS server renumbers the
+// daemon's devices, so a client should have none of its own).
+void ConnectToMpsDaemon() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  std::ofstream(MpsPipeDirectory() + "/fake_client_" + std::to_string(getpid()))
+      << "CUDA_VISIBLE_DEVICES=" << (visible == nullptr ? "" : visible) << "\n";
 }
 
 CUresult Fake_cuInit(unsigned int flags) {
@@ -477,7 +490,10 @@ CUresult Fake_cuInit(unsigned int flags) {
   }
   const char* green = std::getenv("TESSERA_FAKE_CUDA_GREEN");
   g.green = green == nullptr || *green == '\0' ? "1" : green;
+  // The real driver decides once per process; the fake decides again on a cuInit with no
+  // context alive, so that in-process tests can each bring their own daemon (or none).
   g.mps = MpsDaemonAlive();
+  if (g.mps) ConnectToMpsDaemon();
   g.initialized = true;
   return CUDA_SUCCESS;
 }

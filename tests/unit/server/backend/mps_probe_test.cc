@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+#include "tests/testing/fake_mps.h"
 #include "tests/testing/temp_dir.h"
 
 namespace tessera {
@@ -51,20 +52,34 @@ TEST(MpsProbeTest, MissingDirectoryOrPidFileMeansNoDaemon) {
 
 TEST(MpsProbeTest, ReadsTheDaemonPidAndChecksItIsAlive) {
   testing::TempDir dir;
-  WritePidFile(dir.path(), std::to_string(getpid()) + "\n");
-  MpsProbe alive = ProbeMps(dir.path().c_str());
+  testing::StandInDaemon daemon;
+  WritePidFile(dir.path(), std::to_string(daemon.pid()) + "\n");
+  MpsProbe alive;
+  for (int i = 0; i < 200; ++i) {  // until the child has exec'ed
+    alive = ProbeMps(dir.path().c_str());
+    if (alive.daemon_running) break;
+    usleep(5000);
+  }
   ASSERT_TRUE(alive.daemon_pid.has_value());
-  EXPECT_EQ(*alive.daemon_pid, getpid());
-  EXPECT_TRUE(alive.daemon_running);
+  EXPECT_EQ(*alive.daemon_pid, daemon.pid());
+  EXPECT_TRUE(alive.daemon_running) << alive.summary;
   EXPECT_FALSE(alive.daemon_other_user);
   EXPECT_THAT(alive.summary, HasSubstr("running"));
+
+  // A live pid of another program (here this test) is a pid file that outlived its daemon.
+  WritePidFile(dir.path(), std::to_string(getpid()) + "\n");
+  MpsProbe reused = ProbeMps(dir.path().c_str());
+  EXPECT_FALSE(reused.daemon_running);
+  EXPECT_THAT(reused.summary, HasSubstr("not nvidia-cuda-mps-control (a stale pid file)"));
 
   pid_t dead = DeadPid();
   WritePidFile(dir.path(), std::to_string(dead));
   MpsProbe stale = ProbeMps(dir.path().c_str());
   EXPECT_EQ(stale.daemon_pid, dead);
   EXPECT_FALSE(stale.daemon_running);
+  EXPECT_TRUE(stale.daemon_not_visible);
   EXPECT_THAT(stale.summary, HasSubstr("stale pid file"));
+  EXPECT_FALSE(reused.daemon_not_visible);
 
   for (const char* junk : {"", "abc", "-5", "0", "12x"}) {
     WritePidFile(dir.path(), junk);
@@ -105,6 +120,18 @@ TEST(MpsProbeTest, DecisionTable) {
   EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("--mps=require: no MPS control daemon"));
   EXPECT_TRUE(absl::IsFailedPrecondition(DecideMps("require", foreign).status()));
+
+  // A pid file naming no process here: gone, or a daemon in another container. --mps=auto
+  // does not count on it; --mps=require trusts the pipe directory and lets the driver decide.
+  MpsProbe elsewhere{.pipe_directory = "/mps",
+                     .directory_found = true,
+                     .daemon_pid = 42,
+                     .daemon_not_visible = true,
+                     .summary = "no MPS control daemon: pid 42 ... is not running here"};
+  EXPECT_EQ(DecideMps("auto", elsewhere)->decision, MpsDecision::kFallback);
+  ASSERT_TRUE(DecideMps("require", elsewhere).ok());
+  EXPECT_EQ(DecideMps("require", elsewhere)->decision, MpsDecision::kMps);
+  EXPECT_THAT(DecideMps("require", elsewhere)->reason, HasSubstr("the driver must connect"));
 
   absl::Status bad = DecideMps("sometimes", running).status();
   EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
