@@ -326,6 +326,33 @@ absl::StatusOr<v1::ListKernelsResponse> Client::ListKernels() {
   });
 }
 
+absl::StatusOr<v1::KernelInfo> Client::DefineKernel(absl::string_view source) {
+  v1::DefineKernelRequest request;
+  request.set_source(std::string(source));
+  return Unary<v1::KernelInfo>(*this, [&](auto* context, auto* response) {
+    return compute_->DefineKernel(context, request, response);
+  });
+}
+
+absl::StatusOr<v1::KernelInfo> Client::DefineKernel(const v1::KernelDefinition& definition) {
+  v1::DefineKernelRequest request;
+  *request.mutable_definition() = definition;
+  return Unary<v1::KernelInfo>(*this, [&](auto* context, auto* response) {
+    return compute_->DefineKernel(context, request, response);
+  });
+}
+
+absl::Status Client::DeleteKernel(absl::string_view name) {
+  v1::DeleteKernelRequest request;
+  request.set_name(std::string(name));
+  return Unary<v1::DeleteKernelResponse>(*this,
+                                         [&](auto* context, auto* response) {
+                                           return compute_->DeleteKernel(context, request,
+                                                                         response);
+                                         })
+      .status();
+}
+
 absl::StatusOr<v1::Usage> Client::GetUsage() {
   v1::GetUsageRequest request;
   return Unary<v1::Usage>(*this, [&](auto* context, auto* response) {

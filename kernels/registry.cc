@@ -71,6 +71,12 @@ absl::StatusOr<Plan> Registry::Prepare(absl::string_view name, std::vector<Tenso
                                                    "\" is unknown; ListKernels lists the ",
                                                    kernels_.size(), " kernels"));
   }
+  return PrepareKernel(*k, std::move(inputs), std::move(attrs), hints);
+}
+
+absl::StatusOr<Plan> PrepareKernel(const KernelDef& kernel, std::vector<TensorMeta> inputs,
+                                   Attrs attrs, const OutputHints& hints) {
+  const KernelDef* k = &kernel;
   size_t required = std::count_if(k->inputs.begin(), k->inputs.end(),
                                   [](const ParamDef& p) { return !p.optional; });
   if (inputs.size() < required || inputs.size() > k->inputs.size()) {
@@ -134,7 +140,7 @@ absl::StatusOr<Plan> Registry::Prepare(absl::string_view name, std::vector<Tenso
           " but the given output tensor is ", MetaString(*hints[i])));
     }
   }
-  return Plan{k, std::move(inputs), *std::move(outputs), std::move(attrs)};
+  return Plan{k, std::move(inputs), *std::move(outputs), std::move(attrs), nullptr};
 }
 
 int64_t AttrInt(const Attrs& attrs, absl::string_view name) {

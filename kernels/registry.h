@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -93,9 +94,12 @@ enum class Op {
   kRmsNorm,
   // Layout and linear algebra.
   kTranspose,
-  kMatmul,  // keep last: kNumOps counts up to it
+  kMatmul,  // the last catalog op: kNumOps counts up to it
+  // A tenant-defined kernel (kernels/expr): the plan carries its program (Plan::user).
+  kUser,
 };
-/// Ops are numbered 0..kNumOps-1; the catalog holds exactly one kernel per op.
+
+/// Catalog ops are numbered 0..kNumOps-1; the catalog holds exactly one kernel per op.
 inline constexpr int kNumOps = static_cast<int>(Op::kMatmul) + 1;
 
 struct KernelDef {
@@ -109,14 +113,26 @@ struct KernelDef {
   InferFn infer;
 };
 
+namespace expr {
+struct UserKernel;
+}  // namespace expr
+
 /// A validated launch: everything a backend needs, nothing left to check.
 struct Plan {
+  /// The catalog's definition, or the user kernel's (kept alive by `user`).
   const KernelDef* kernel = nullptr;
   std::vector<TensorMeta> inputs;
   std::vector<TensorMeta> outputs;
   /// Every attribute with a value, defaults filled.
   Attrs attrs;
+  /// For Op::kUser: the tenant's kernel (program, CPU form); null for catalog kernels.
+  std::shared_ptr<const expr::UserKernel> user;
 };
+
+/// Validates a launch of `kernel` as Registry::Prepare does (inputs, attributes, shape rules,
+/// output hints); the plan points at `kernel`, which must outlive it.
+absl::StatusOr<Plan> PrepareKernel(const KernelDef& kernel, std::vector<TensorMeta> inputs,
+                                   Attrs attrs, const OutputHints& hints = {});
 
 /// The kernel catalog: the single source of truth for names, signatures, shape and dtype
 /// inference and attribute validation, used identically by every backend. Immutable and

@@ -60,6 +60,8 @@ ABSL_FLAG(uint32_t, device_in_flight, 0,
           "Most jobs released to a device at once, all tenants together; the rest wait in "
           "per-stream queues (cancellable, released in weighted fair order). 0: the backend's "
           "default (no bound on the CPU backend, 256 per GPU)");
+ABSL_FLAG(uint32_t, max_kernels_per_tenant, 64,
+          "Tenant-defined kernels (DefineKernel) each tenant may have (1..10000)");
 ABSL_FLAG(tessera::ByteSize, cpu_memory_bytes, tessera::ByteSize{0},
           "CPU backend capacity, e.g. 8GiB (0: half of physical memory, or of the cgroup "
           "memory limit when lower)");
@@ -207,6 +209,7 @@ int main(int argc, char** argv) {
       max_message > uint64_t{1} << 40 ? int64_t{1} << 40 : static_cast<int64_t>(max_message);
   options.memory_overcommit = absl::GetFlag(FLAGS_memory_overcommit);
   options.device_in_flight = absl::GetFlag(FLAGS_device_in_flight);
+  options.max_kernels_per_tenant = absl::GetFlag(FLAGS_max_kernels_per_tenant);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
 

@@ -102,6 +102,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
     return absl::InvalidArgumentError("--drain_timeout and --shutdown_grace must be >= 0");
   }
   if (options.listen.empty()) return absl::InvalidArgumentError("--listen is empty");
+  if (options.max_kernels_per_tenant < 1 || options.max_kernels_per_tenant > 10000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_kernels_per_tenant=", options.max_kernels_per_tenant, ": the range is 1..10000"));
+  }
   if (options.admin_token_file.empty()) {
     options.admin_token_file = options.state_dir + "/admin.token";
   }
@@ -125,7 +129,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
       opts.backend.backend, opts.backend.mps,
       opts.mps_ops.manage && opts.backend.backend != "cpu" && CudaDriverPresent()));
 
-  ASSIGN_OR_RETURN(BackendChoice choice, SelectBackend(opts.backend));
+  BackendOptions backend_options = opts.backend;
+  if (backend_options.kernel_cache_dir.empty()) {
+    backend_options.kernel_cache_dir = server->state_dir_->File("kernel-cache");
+  }
+  ASSIGN_OR_RETURN(BackendChoice choice, SelectBackend(backend_options));
   server->backend_ = std::move(choice.backend);
   server->backend_reason_ = std::move(choice.reason);
   spdlog::info("backend {}: {}", server->backend_->name(), server->backend_reason_);
@@ -138,7 +146,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   ASSIGN_OR_RETURN(server->store_, TenantStore::Open(server->state_dir_->File("tenants.db")));
   ASSIGN_OR_RETURN(server->tenants_,
                    TenantTable::Create({.memory_overcommit = opts.memory_overcommit,
-                                        .device_in_flight = opts.device_in_flight},
+                                        .device_in_flight = opts.device_in_flight,
+                                        .max_kernels_per_tenant = opts.max_kernels_per_tenant},
                                        server->store_.get(), server->backend_.get()));
   spdlog::info("restored {} tenant(s) from {}", server->tenants_->size(),
                server->state_dir_->File("tenants.db"));
@@ -172,8 +181,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
                  opts.metrics_listen.substr(0, opts.metrics_listen.rfind(':')),
                  server->metrics_->port());
   }
-  server->compute_service_ =
-      std::make_unique<ComputeService>(server->authenticator_.get(), opts.max_message_bytes);
+  server->compute_service_ = std::make_unique<ComputeService>(
+      server->authenticator_.get(), server->tenants_.get(), opts.max_message_bytes);
   return server;
 }
 

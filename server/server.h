@@ -57,6 +57,8 @@ struct ServerOptions {
   /// Most jobs released to a device at once, all tenants together (0: the backend's
   /// default); above it jobs wait in the core's queues in weighted fair order.
   uint32_t device_in_flight = 0;
+  /// Tenant-defined kernels per tenant (DefineKernel refuses more).
+  size_t max_kernels_per_tenant = 64;
   /// Time between health NOT_SERVING and closing the port, for load balancers to notice.
   absl::Duration shutdown_grace = absl::ZeroDuration();
   /// Longest wait for in-flight calls at shutdown before they are cancelled.

@@ -14,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -56,6 +57,7 @@ ABSL_FLAG(std::vector<std::string>, out, {},
 ABSL_FLAG(std::string, attr, "",
           "run: attributes k=v;k=v (v: int, float, true/false, [1,2] list, or a string)");
 ABSL_FLAG(uint32_t, stream, 0, "run: stream index");
+ABSL_FLAG(std::string, file, "", "kernel define: the definition file (- for stdin)");
 ABSL_FLAG(bool, wait, true, "run: wait for the job to finish");
 ABSL_FLAG(tessera::ByteSize, chunk, tessera::ByteSize{1 << 20}, "tensor put/get: chunk size");
 
@@ -81,7 +83,10 @@ commands:
   tensor get HANDLE -o FILE.npy       download
   tensor ls | tensor rm HANDLE...
   run KERNEL --in=H1,H2 [--out=H] [--attr='axes=[0];keepdims=true'] [--stream=N]
-  kernels                             the kernel catalog
+  kernels                             the kernel catalog and your own kernels
+  kernel define NAME --file=K.tk      define a kernel of yours (docs/kernels.md); - reads stdin
+  kernel ls                           your kernels, with their definitions
+  kernel rm NAME...                   delete kernels of yours
   usage                               memory and job counters
 
 The address comes from --addr or $TESSERA_ADDR, the token from --token, --token_file or
@@ -482,9 +487,90 @@ int KernelsCommand(tessera::Client& client) {
     for (const auto& a : k.attrs()) attrs.push_back(absl::StrCat(a.name(), ":", a.type()));
     std::cout << absl::StrFormat(
         "%-12s (%s)%s  %s\n", k.name(), absl::StrJoin(ins, ", "),
-        attrs.empty() ? "" : absl::StrCat(" [", absl::StrJoin(attrs, ", "), "]"), k.description());
+        attrs.empty() ? "" : absl::StrCat(" [", absl::StrJoin(attrs, ", "), "]"),
+        k.tenant_defined() ? absl::StrCat("yours: ", k.description()) : k.description());
   }
   return 0;
+}
+
+// The NAME in "kernel NAME(" at the start of a definition (after comments and blanks).
+std::string DefinedName(absl::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] == '#') {
+      while (i < text.size() && text[i] != '\n') ++i;
+    } else if (absl::ascii_isspace(static_cast<unsigned char>(text[i]))) {
+      ++i;
+    } else {
+      break;
+    }
+  }
+  if (!absl::StartsWith(text.substr(i), "kernel")) return "";
+  i += 6;
+  while (i < text.size() && absl::ascii_isspace(static_cast<unsigned char>(text[i]))) ++i;
+  size_t begin = i;
+  while (i < text.size() &&
+         (absl::ascii_isalnum(static_cast<unsigned char>(text[i])) || text[i] == '_')) {
+    ++i;
+  }
+  return std::string(text.substr(begin, i - begin));
+}
+
+int KernelCommand(tessera::Client& client, const std::vector<std::string>& args) {
+  const std::string sub = args.size() > 1 ? args[1] : "";
+  if (sub == "define") {
+    if (args.size() != 3) return UsageError("usage: tessera kernel define NAME --file=K.tk");
+    const std::string path = absl::GetFlag(FLAGS_file);
+    if (path.empty()) return UsageError("kernel define: --file is required (- for stdin)");
+    std::string text;
+    if (path == "-") {
+      text.assign(std::istreambuf_iterator<char>(std::cin), {});
+    } else {
+      std::ifstream in(path, std::ios::binary);
+      if (!in) return UsageError(absl::StrCat("kernel define: cannot read ", path));
+      text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const std::string named = DefinedName(text);
+    if (named != args[2]) {
+      return UsageError(absl::StrCat("kernel define: ", path, " defines \"", named, "\", not \"",
+                                     args[2], "\" (it must start with `kernel ", args[2],
+                                     "(...)`)"));
+    }
+    auto defined = client.DefineKernel(text);
+    if (!defined.ok()) return RpcError(defined.status());
+    if (Json()) {
+      PrintJson(*defined);
+    } else {
+      std::cout << "defined " << defined->name() << " (" << defined->hash().substr(0, 12) << ")\n";
+    }
+    return 0;
+  }
+  if (sub == "ls") {
+    if (args.size() != 2) return UsageError("usage: tessera kernel ls");
+    auto listed = client.ListKernels();
+    if (!listed.ok()) return RpcError(listed.status());
+    tessera::v1::ListKernelsResponse own;
+    for (const auto& k : listed->kernels()) {
+      if (k.tenant_defined()) *own.add_kernels() = k;
+    }
+    if (Json()) {
+      PrintJson(own);
+      return 0;
+    }
+    if (own.kernels_size() == 0) std::cout << "no kernels of yours; see `tessera kernel define`\n";
+    for (const auto& k : own.kernels()) std::cout << k.source() << "\n";
+    return 0;
+  }
+  if (sub == "rm") {
+    if (args.size() < 3) return UsageError("usage: tessera kernel rm NAME...");
+    for (size_t i = 2; i < args.size(); ++i) {
+      absl::Status deleted = client.DeleteKernel(args[i]);
+      if (!deleted.ok()) return RpcError(deleted);
+      if (!Json()) std::cout << "deleted " << args[i] << "\n";
+    }
+    return 0;
+  }
+  return UsageError("kernel: the commands are define, ls and rm");
 }
 
 int UsageCommand(tessera::Client& client) {
@@ -618,6 +704,7 @@ int main(int argc, char** argv) {
   if (args[0] == "tensor") return TensorCommand(**client, args);
   if (args[0] == "run") return RunCommand(**client, args);
   if (args[0] == "kernels") return KernelsCommand(**client);
+  if (args[0] == "kernel") return KernelCommand(**client, args);
   if (args[0] == "usage") return UsageCommand(**client);
   return UsageError(absl::StrCat("unknown command \"", args[0], "\""));
 }

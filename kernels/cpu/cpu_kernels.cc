@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "kernels/cpu/kernels_internal.h"
+#include "kernels/expr/user_kernel.h"
 
 namespace tessera::kernels {
 namespace {
@@ -122,6 +123,8 @@ Runner RunnerFor(Op op) {
       return Transpose;
     case Op::kMatmul:
       return Matmul;
+    case Op::kUser:
+      return nullptr;  // not a catalog op: RunCpuKernel runs the plan's own program
   }
   return nullptr;  // not an Op
 }
@@ -132,6 +135,13 @@ bool CpuImplements(Op op) { return RunnerFor(op) != nullptr; }
 
 absl::Status RunCpuKernel(const Plan& plan, const std::vector<const void*>& inputs,
                           const std::vector<void*>& outputs, Parallel& parallel) {
+  if (plan.kernel->op == Op::kUser) {
+    if (plan.user == nullptr || plan.user->cpu == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("kernel ", plan.kernel->name, " has no compiled CPU program"));
+    }
+    return plan.user->cpu->Run(plan, inputs, outputs, parallel);
+  }
   const Runner run = RunnerFor(plan.kernel->op);
   if (run == nullptr) {
     return absl::InternalError(

@@ -16,6 +16,9 @@ namespace tessera {
 struct CudaModuleOptions {
   /// "auto", "require" or "off" (already checked).
   std::string mps = "auto";
+  /// Where compiled images of tenant-defined kernels are cached on disk (owner-only);
+  /// empty: memory only. <state_dir>/kernel-cache in the server.
+  std::string kernel_cache_dir;
 };
 
 /// The module's one exported symbol, looked up by this name.

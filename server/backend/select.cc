@@ -58,7 +58,8 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(const BackendOptions& o
           absl::StrCat(path, " is not a Tessera CUDA module (no ", kCudaModuleEntry, ")"));
     }
     absl::StatusOr<std::unique_ptr<Backend>> backend;
-    entry(CudaModuleOptions{.mps = options.mps}, &backend);
+    entry(CudaModuleOptions{.mps = options.mps, .kernel_cache_dir = options.kernel_cache_dir},
+          &backend);
     return backend;
   }
   return absl::FailedPreconditionError(absl::StrCat("the CUDA backend module could not be loaded (",

@@ -22,6 +22,8 @@ struct BackendOptions {
   /// CPU worker threads; 0: one per CPU this process may use (the affinity mask, or the
   /// control group's CPU quota when lower).
   uint32_t cpu_threads = 0;
+  /// CUDA backend: on-disk cache of tenant-defined kernels' compiled images (empty: none).
+  std::string kernel_cache_dir;
 };
 
 struct BackendChoice {

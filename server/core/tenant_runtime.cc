@@ -261,6 +261,27 @@ absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<Launch
   return accepted;
 }
 
+absl::StatusOr<kernels::Plan> TenantRuntime::PrepareStep(const std::string& kernel,
+                                                         std::vector<kernels::TensorMeta> inputs,
+                                                         const kernels::Attrs& attrs,
+                                                         const kernels::OutputHints& hints) const {
+  const kernels::Registry& catalog = kernels::Registry::Global();
+  if (catalog.Find(kernel) != nullptr)
+    return catalog.Prepare(kernel, std::move(inputs), attrs, hints);
+  KernelLibrary::Kernel user = kernels_.Find(kernel);
+  if (user == nullptr) {
+    // The same answer whether or not another tenant has such a kernel.
+    return absl::NotFoundError(absl::StrCat(
+        "kernel \"", kernel.substr(0, 64), "\" not found: neither one of the catalog's ",
+        catalog.kernels().size(), " kernels nor one of this tenant's ", kernels_.size(),
+        " (ListKernels lists both)"));
+  }
+  absl::StatusOr<kernels::Plan> plan =
+      kernels::PrepareKernel(user->def, std::move(inputs), attrs, hints);
+  if (plan.ok()) plan->user = std::move(user);
+  return plan;
+}
+
 absl::Status TenantRuntime::ResolveLocked(int64_t stream, const std::vector<LaunchSpec>& steps,
                                           bool program, Pins& pins, Resolution& r) {
   RETURN_IF_ERROR(CheckOpen());
@@ -333,7 +354,7 @@ absl::Status TenantRuntime::ResolveLocked(int64_t stream, const std::vector<Laun
       }
     }
     absl::StatusOr<kernels::Plan> plan =
-        kernels::Registry::Global().Prepare(spec.kernel, std::move(metas), spec.attrs, hints);
+        PrepareStep(spec.kernel, std::move(metas), spec.attrs, hints);
     if (!plan.ok()) return fail(plan.status());
     if (!spec.outputs.empty() && spec.outputs.size() != plan->outputs.size()) {
       return fail(

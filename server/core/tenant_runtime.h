@@ -19,6 +19,7 @@
 #include "kernels/registry.h"
 #include "server/backend/backend.h"
 #include "server/core/job_scheduler.h"
+#include "server/core/kernel_library.h"
 #include "server/core/memory_ledger.h"
 #include "server/core/tenant.h"
 
@@ -112,6 +113,10 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   const ContextInfo& context_info() const { return context_info_; }
   /// Every byte the tenant's work holds; outlives the runtime while any of it is held.
   const std::shared_ptr<MemoryLedger>& ledger() const { return ledger_; }
+  /// The tenant's own kernels (DefineKernel; TenantTable persists them). Launches find a
+  /// name in the catalog first, then here.
+  KernelLibrary& kernels() { return kernels_; }
+  const KernelLibrary& kernels() const { return kernels_; }
 
   // ---- tensors ----
   /// A new tensor, zero-filled or holding `data` (which must be exactly its size).
@@ -249,6 +254,12 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
 
   /// Submit's steps: resolve (validate, pin), prepare (allocate, no lock), commit (record,
   /// enqueue).
+  /// The plan of one step: a catalog kernel, else one of the tenant's (plan.user set), else
+  /// NOT_FOUND. Takes only the kernel library's lock.
+  absl::StatusOr<kernels::Plan> PrepareStep(const std::string& kernel,
+                                            std::vector<kernels::TensorMeta> inputs,
+                                            const kernels::Attrs& attrs,
+                                            const kernels::OutputHints& hints) const;
   absl::Status ResolveLocked(int64_t stream, const std::vector<LaunchSpec>& steps, bool program,
                              Pins& pins, Resolution& resolution) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Prepared> Prepare(const std::vector<LaunchSpec>& steps, Resolution& resolution)
@@ -293,6 +304,7 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   const Quota quota_;
   const ContextInfo context_info_;
   const std::shared_ptr<MemoryLedger> ledger_;
+  KernelLibrary kernels_;
   const std::shared_ptr<JobScheduler> scheduler_;
   const std::shared_ptr<JobScheduler::Queue> queue_;
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
+#include "kernels/expr/compile.h"
 #include "server/common/logging.h"
 #include "server/common/status_macros.h"
 #include "server/core/token.h"
@@ -88,6 +89,7 @@ absl::Status TenantTable::Restore() {
     std::string id = entry->record.id;
     tenants_.emplace(std::move(id), std::move(entry));
   }
+  RETURN_IF_ERROR(RestoreKernels());
   absl::ReaderMutexLock lock(&mu_);
   for (const DeviceLoad& load : DeviceLoadsLocked()) {
     uint64_t reservable = ReservableBytes(load.device.memory_bytes, options_.memory_overcommit);
@@ -98,6 +100,74 @@ absl::Status TenantTable::Restore() {
           load.device.index, FormatBytes(load.reserved_bytes), FormatBytes(reservable));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status TenantTable::RestoreKernels() {
+  ASSIGN_OR_RETURN(std::vector<StoredKernel> stored, store_->LoadKernels());
+  size_t restored = 0;
+  for (const StoredKernel& k : stored) {
+    absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime = RuntimeOf(k.tenant_id);
+    if (!runtime.ok()) continue;  // the tenant row cascades; cannot happen
+    // A definition this version no longer accepts stays stored (a later version may) but is
+    // not served; the tenant sees it missing from ListKernels and the log says why.
+    absl::StatusOr<kernels::expr::Definition> definition = kernels::expr::ParseSource(k.source);
+    absl::StatusOr<std::shared_ptr<const kernels::expr::UserKernel>> kernel =
+        definition.ok()
+            ? kernels::expr::MakeUserKernel(*std::move(definition))
+            : absl::StatusOr<std::shared_ptr<const kernels::expr::UserKernel>>(definition.status());
+    if (!kernel.ok()) {
+      spdlog::error("restore: kernel {} of tenant {} no longer compiles ({}); not served", k.name,
+                    k.tenant_id, kernel.status().message());
+      continue;
+    }
+    RETURN_IF_ERROR((*runtime)->kernels().Add(*std::move(kernel)));
+    ++restored;
+  }
+  if (restored > 0) spdlog::info("restored {} tenant-defined kernel(s)", restored);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KernelLibrary::Kernel> TenantTable::DefineKernel(
+    TenantRuntime& runtime, kernels::expr::Definition definition) {
+  // Compiled before any lock: bounded (kernels/expr/ast.h limits), no I/O.
+  ASSIGN_OR_RETURN(KernelLibrary::Kernel kernel,
+                   kernels::expr::MakeUserKernel(std::move(definition)));
+  const std::string& name = kernel->program.definition.name;
+  absl::MutexLock mutation(&mutation_mu_);
+  if (runtime.kernels().Find(name) != nullptr) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("kernel \"", name, "\" is already defined; DeleteKernel it first"));
+  }
+  if (runtime.kernels().size() >= options_.max_kernels_per_tenant) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant ", runtime.tenant_id(), " has ", runtime.kernels().size(),
+                     " kernels; the limit is ", options_.max_kernels_per_tenant,
+                     " per tenant (--max_kernels_per_tenant): DeleteKernel one first"));
+  }
+  absl::Status stored = store_->InsertKernel(
+      StoredKernel{.tenant_id = runtime.tenant_id(),
+                   .name = name,
+                   .source = kernels::expr::FormatDefinition(kernel->program.definition),
+                   .create_time = absl::Now()});
+  if (absl::IsNotFound(stored)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tenant ", runtime.tenant_id(), " is being deregistered"));
+  }
+  RETURN_IF_ERROR(stored);
+  RETURN_IF_ERROR(runtime.kernels().Add(kernel));
+  return kernel;
+}
+
+absl::Status TenantTable::DeleteKernel(TenantRuntime& runtime, absl::string_view name) {
+  absl::MutexLock mutation(&mutation_mu_);
+  if (runtime.kernels().Find(name) == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("kernel \"", name.substr(0, 64), "\" not found among this tenant's kernels"));
+  }
+  absl::Status deleted = store_->DeleteKernel(runtime.tenant_id(), name);
+  if (!deleted.ok() && !absl::IsNotFound(deleted)) return deleted;
+  runtime.kernels().Remove(name);
   return absl::OkStatus();
 }
 

@@ -43,6 +43,8 @@ class TenantTable {
     double memory_overcommit = 1.0;
     /// Overrides every device's DeviceInfo::max_in_flight when > 0.
     uint32_t device_in_flight = 0;
+    /// Tenant-defined kernels per tenant (DefineKernel refuses more).
+    size_t max_kernels_per_tenant = 64;
   };
 
   /// Restores every stored tenant and rebuilds its context. `store` and `backend` are not
@@ -111,6 +113,17 @@ class TenantTable {
                                                                  const KeyHash& hash) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  /// Compiles a tenant's kernel definition, commits it durably, and adds it to the tenant's
+  /// library. INVALID_ARGUMENT (the definition), ALREADY_EXISTS (the tenant has the name),
+  /// RESOURCE_EXHAUSTED (max_kernels_per_tenant), FAILED_PRECONDITION (being deregistered).
+  /// Blocks on a durable commit: keep it off latency-sensitive threads.
+  absl::StatusOr<KernelLibrary::Kernel> DefineKernel(TenantRuntime& runtime,
+                                                     kernels::expr::Definition definition)
+      ABSL_LOCKS_EXCLUDED(mutation_mu_, mu_);
+  /// NOT_FOUND when the tenant has no kernel of that name (whoever else has one).
+  absl::Status DeleteKernel(TenantRuntime& runtime, absl::string_view name)
+      ABSL_LOCKS_EXCLUDED(mutation_mu_, mu_);
+
   /// Per device: its info, reserved bytes and tenant count.
   std::vector<DeviceLoad> DeviceLoads() const ABSL_LOCKS_EXCLUDED(mu_);
   /// Tenants placed on each device (index: device).
@@ -135,6 +148,8 @@ class TenantTable {
       : options_(options), store_(store), backend_(backend) {}
 
   absl::Status Restore() ABSL_LOCKS_EXCLUDED(mutation_mu_, mu_);
+  /// Loads the stored kernel definitions into the restored tenants' libraries.
+  absl::Status RestoreKernels() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutation_mu_);
   std::vector<DeviceLoad> DeviceLoadsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   /// Copy of the record of `id`, or NOT_FOUND.
   absl::StatusOr<TenantRecord> RecordOf(absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);

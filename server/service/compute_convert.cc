@@ -2,6 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "kernels/expr/compile.h"
+#include "server/common/status_macros.h"
 #include "server/service/convert.h"
 
 namespace tessera {
@@ -182,26 +184,89 @@ void UsageToProto(const UsageInfo& u, v1::Usage* proto) {
   proto->mutable_busy_time()->set_nanos(static_cast<int32_t>(ns % 1000000000));
 }
 
+void KernelDefToProto(const kernels::KernelDef& k, v1::KernelInfo* info) {
+  info->set_name(k.name);
+  info->set_description(k.description);
+  for (const auto& p : k.inputs) *info->add_inputs() = ParamToProto(p);
+  for (const auto& p : k.outputs) *info->add_outputs() = ParamToProto(p);
+  for (const auto& a : k.attrs) {
+    v1::KernelAttr* attr = info->add_attrs();
+    attr->set_name(a.name);
+    attr->set_type(std::string(kernels::AttrTypeName(a.type)));
+    if (a.default_value) AttrToProto(*a.default_value, attr->mutable_default_value());
+    attr->set_description(absl::StrCat(a.required ? "(required) " : "", a.description));
+  }
+}
+
 const v1::ListKernelsResponse& KernelCatalogProto() {
   static const v1::ListKernelsResponse* catalog = [] {
     auto* response = new v1::ListKernelsResponse();
     for (const kernels::KernelDef& k : kernels::Registry::Global().kernels()) {
-      v1::KernelInfo* info = response->add_kernels();
-      info->set_name(k.name);
-      info->set_description(k.description);
-      for (const auto& p : k.inputs) *info->add_inputs() = ParamToProto(p);
-      for (const auto& p : k.outputs) *info->add_outputs() = ParamToProto(p);
-      for (const auto& a : k.attrs) {
-        v1::KernelAttr* attr = info->add_attrs();
-        attr->set_name(a.name);
-        attr->set_type(std::string(kernels::AttrTypeName(a.type)));
-        if (a.default_value) AttrToProto(*a.default_value, attr->mutable_default_value());
-        attr->set_description(absl::StrCat(a.required ? "(required) " : "", a.description));
-      }
+      KernelDefToProto(k, response->add_kernels());
     }
     return response;
   }();
   return *catalog;
+}
+
+void UserKernelToProto(const kernels::expr::UserKernel& kernel, v1::KernelInfo* info) {
+  KernelDefToProto(kernel.def, info);
+  info->set_tenant_defined(true);
+  info->set_source(kernels::expr::FormatDefinition(kernel.program.definition));
+  info->set_hash(kernel.program.hash);
+}
+
+absl::StatusOr<kernels::expr::Definition> DefinitionFromProto(
+    const v1::DefineKernelRequest& request) {
+  const bool has_source = !request.source().empty();
+  const bool has_definition = request.has_definition();
+  if (has_source == has_definition) {
+    return absl::InvalidArgumentError(
+        "give exactly one of source (the definition as text) and definition");
+  }
+  if (has_source) {
+    if (request.source().size() > kMaxKernelSourceBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "source is ", request.source().size(), " bytes; the limit is ", kMaxKernelSourceBytes));
+    }
+    return kernels::expr::ParseSource(request.source());
+  }
+  const v1::KernelDefinition& proto = request.definition();
+  kernels::expr::Definition d;
+  d.name = proto.name();
+  d.body = proto.body();
+  // Counts are checked by Compile with the limits named; the loops here stop well past them
+  // so an absurd request costs nothing.
+  auto operands = [](const auto& list, absl::string_view field,
+                     std::vector<kernels::expr::OperandDef>& out) -> absl::Status {
+    for (int i = 0; i < list.size() && i <= 64; ++i) {
+      const v1::KernelOperandDef& o = list[i];
+      ASSIGN_OR_RETURN(kernels::DType dtype,
+                       DTypeFromProto(o.dtype(), absl::StrCat(field, "[", i, "].dtype")));
+      if (o.has_rank() && (o.rank() < 0 || o.rank() > static_cast<int>(kernels::kMaxRank))) {
+        return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "].rank is ", o.rank(),
+                                                       "; the range is 0..", kernels::kMaxRank));
+      }
+      out.push_back({o.name(), dtype, o.has_rank() ? o.rank() : -1});
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(operands(proto.inputs(), "definition.inputs", d.inputs));
+  RETURN_IF_ERROR(operands(proto.outputs(), "definition.outputs", d.outputs));
+  for (int i = 0; i < proto.params_size() && i <= 64; ++i) {
+    const v1::KernelScalarDef& p = proto.params(i);
+    kernels::expr::ScalarDef param{.name = p.name()};
+    if (p.type() == "int") {
+      param.kind = kernels::expr::ScalarKind::kInt;
+    } else if (p.type() != "float" && !p.type().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("definition.params[", i, "].type is \"",
+                                                     p.type().substr(0, 32),
+                                                     "\"; use \"float\" or \"int\""));
+    }
+    if (p.has_default_value()) param.default_value = p.default_value();
+    d.params.push_back(std::move(param));
+  }
+  return d;
 }
 
 }  // namespace tessera

@@ -5,6 +5,8 @@
 
 #include "absl/status/statusor.h"
 
+#include "kernels/expr/ast.h"
+#include "kernels/expr/user_kernel.h"
 #include "kernels/registry.h"
 #include "server/core/tenant_runtime.h"
 #include "tessera/v1/compute.pb.h"
@@ -27,6 +29,15 @@ void JobToProto(const JobInfo& job, v1::Job* proto);
 void UsageToProto(const UsageInfo& usage, v1::Usage* proto);
 /// The whole catalog, built once.
 const v1::ListKernelsResponse& KernelCatalogProto();
+/// A tenant-defined kernel as ListKernels shows it.
+void UserKernelToProto(const kernels::expr::UserKernel& kernel, v1::KernelInfo* info);
+
+/// Largest DefineKernelRequest.source.
+inline constexpr size_t kMaxKernelSourceBytes = 32 * 1024;
+/// The definition in a DefineKernel request (source text or structured); INVALID_ARGUMENT
+/// naming the field. The definition itself is checked by kernels::expr::Compile.
+absl::StatusOr<kernels::expr::Definition> DefinitionFromProto(
+    const v1::DefineKernelRequest& request);
 
 }  // namespace tessera
 

@@ -12,6 +12,7 @@
 
 #include "server/common/serial_executor.h"
 #include "server/common/status_macros.h"
+#include "server/core/tenant_table.h"
 #include "server/service/call.h"
 #include "server/service/compute_convert.h"
 
@@ -650,10 +651,57 @@ grpc::ServerUnaryReactor* ComputeService::Synchronize(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* ComputeService::ListKernels(grpc::CallbackServerContext* context,
                                                       const v1::ListKernelsRequest*,
                                                       v1::ListKernelsResponse* response) {
-  return Serve(context, "ListKernels", [&](TenantRuntime&) -> absl::Status {
+  return Serve(context, "ListKernels", [&](TenantRuntime& runtime) -> absl::Status {
     *response = KernelCatalogProto();
+    for (const KernelLibrary::Kernel& k : runtime.kernels().List()) {
+      UserKernelToProto(*k, response->add_kernels());
+    }
     return absl::OkStatus();
   });
+}
+
+// DefineKernel and DeleteKernel commit to the state store (an fsync): on the transfer
+// executor, never on a gRPC thread.
+template <typename Body>
+grpc::ServerUnaryReactor* ComputeService::ServeOffThread(grpc::CallbackServerContext* context,
+                                                         const char* rpc, Body body) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto log = std::make_shared<CallLog>(context, rpc);
+  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime =
+      authenticator_->AuthenticateTenant(*context);
+  if (!runtime.ok()) {
+    reactor->Finish(log->Finish(runtime.status()));
+    return reactor;
+  }
+  log->set_tenant((*runtime)->tenant_id());
+  absl::Status queued = transfers_.Schedule(
+      [reactor, log, body = std::move(body), runtime = *std::move(runtime)]() mutable {
+        reactor->Finish(log->Finish(body(*runtime)));
+      });
+  if (!queued.ok()) reactor->Finish(log->Finish(queued));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ComputeService::DefineKernel(grpc::CallbackServerContext* context,
+                                                       const v1::DefineKernelRequest* request,
+                                                       v1::KernelInfo* response) {
+  return ServeOffThread(
+      context, "DefineKernel", [this, request, response](TenantRuntime& runtime) -> absl::Status {
+        ASSIGN_OR_RETURN(kernels::expr::Definition definition, DefinitionFromProto(*request));
+        ASSIGN_OR_RETURN(KernelLibrary::Kernel kernel,
+                         tenants_->DefineKernel(runtime, std::move(definition)));
+        UserKernelToProto(*kernel, response);
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ComputeService::DeleteKernel(grpc::CallbackServerContext* context,
+                                                       const v1::DeleteKernelRequest* request,
+                                                       v1::DeleteKernelResponse*) {
+  return ServeOffThread(context, "DeleteKernel",
+                        [this, request](TenantRuntime& runtime) -> absl::Status {
+                          return tenants_->DeleteKernel(runtime, request->name());
+                        });
 }
 
 grpc::ServerUnaryReactor* ComputeService::GetUsage(grpc::CallbackServerContext* context,

@@ -9,6 +9,8 @@
 
 namespace tessera {
 
+class TenantTable;
+
 /// tessera.v1.Compute: a stateless adapter over each tenant's TenantRuntime. Authenticates
 /// the tenant key, maps wire types, and never blocks a gRPC thread on device work: calls
 /// that wait (Launch/Submit with `wait`, WaitJob, Synchronize) are finished from the job's
@@ -17,8 +19,11 @@ namespace tessera {
 /// `authenticator` is borrowed and must outlive the service.
 class ComputeService final : public v1::Compute::CallbackService {
  public:
-  ComputeService(const Authenticator* authenticator, int64_t max_message_bytes)
+  /// `tenants` (DefineKernel, DeleteKernel) is not owned and must outlive the service.
+  ComputeService(const Authenticator* authenticator, TenantTable* tenants,
+                 int64_t max_message_bytes)
       : authenticator_(authenticator),
+        tenants_(tenants),
         max_message_bytes_(max_message_bytes),
         transfers_("tensor transfers", kMaxPendingTransfers, kTransferThreads) {}
 
@@ -53,6 +58,12 @@ class ComputeService final : public v1::Compute::CallbackService {
   grpc::ServerUnaryReactor* ListKernels(grpc::CallbackServerContext* context,
                                         const v1::ListKernelsRequest* request,
                                         v1::ListKernelsResponse* response) override;
+  grpc::ServerUnaryReactor* DefineKernel(grpc::CallbackServerContext* context,
+                                         const v1::DefineKernelRequest* request,
+                                         v1::KernelInfo* response) override;
+  grpc::ServerUnaryReactor* DeleteKernel(grpc::CallbackServerContext* context,
+                                         const v1::DeleteKernelRequest* request,
+                                         v1::DeleteKernelResponse* response) override;
   grpc::ServerUnaryReactor* GetUsage(grpc::CallbackServerContext* context,
                                      const v1::GetUsageRequest* request,
                                      v1::Usage* response) override;
@@ -61,6 +72,10 @@ class ComputeService final : public v1::Compute::CallbackService {
   /// Authenticates, runs `body(runtime, log)` inline, finishes with its status.
   template <typename Body>
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, const char* rpc, Body body);
+  /// The same, with `body` run on the transfer executor (it may block on disk).
+  template <typename Body>
+  grpc::ServerUnaryReactor* ServeOffThread(grpc::CallbackServerContext* context, const char* rpc,
+                                           Body body);
   /// Enqueues a job and answers at once, or when it finishes if `wait`.
   grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* context, const char* rpc,
                                     int64_t stream, std::vector<LaunchSpec> steps, bool program,
@@ -73,6 +88,7 @@ class ComputeService final : public v1::Compute::CallbackService {
   static constexpr size_t kMaxPendingTransfers = 4096;
 
   const Authenticator* const authenticator_;
+  TenantTable* const tenants_;
   const int64_t max_message_bytes_;
   SerialExecutor transfers_;
 };

@@ -105,7 +105,14 @@ CREATE TABLE IF NOT EXISTS tenant_labels (
   value     TEXT NOT NULL,
   PRIMARY KEY (tenant_id, key)
 ) STRICT;
-PRAGMA user_version = 1;
+CREATE TABLE IF NOT EXISTS tenant_kernels (
+  tenant_id      TEXT NOT NULL REFERENCES tenants(id) ON DELETE CASCADE,
+  name           TEXT NOT NULL,
+  source         TEXT NOT NULL,
+  create_time_us INTEGER NOT NULL,
+  PRIMARY KEY (tenant_id, name)
+) STRICT;
+PRAGMA user_version = 2;
 )sql";
 
 // A write transaction that rolls back unless committed.
@@ -298,6 +305,74 @@ absl::StatusOr<std::vector<TenantRecord>> TenantStore::LoadAll() {
     records[i].labels.emplace(labels.Text(1), labels.Text(2));
   }
   return records;
+}
+
+}  // namespace tessera
+
+namespace tessera {
+
+absl::Status TenantStore::InsertKernel(const StoredKernel& kernel) {
+  absl::MutexLock lock(&mu_);
+  Transaction txn(db_);
+  RETURN_IF_ERROR(txn.Begin());
+  {
+    Statement exists(db_, "SELECT 1 FROM tenants WHERE id = ?1");
+    RETURN_IF_ERROR(exists.status());
+    exists.Bind(1, kernel.tenant_id);
+    ASSIGN_OR_RETURN(int row, exists.Step());
+    if (row != SQLITE_ROW) {
+      return absl::NotFoundError(absl::StrCat("tenant \"", kernel.tenant_id, "\" not found"));
+    }
+  }
+  Statement stmt(db_, R"sql(
+      INSERT INTO tenant_kernels (tenant_id, name, source, create_time_us)
+      VALUES (?1, ?2, ?3, ?4))sql");
+  RETURN_IF_ERROR(stmt.status());
+  stmt.Bind(1, kernel.tenant_id);
+  stmt.Bind(2, kernel.name);
+  stmt.Bind(3, kernel.source);
+  stmt.Bind(4, ToMicros(kernel.create_time));
+  absl::StatusOr<int> step = stmt.Step();
+  if (!step.ok()) {
+    if (absl::IsAlreadyExists(step.status())) {
+      return absl::AlreadyExistsError(absl::StrCat("kernel \"", kernel.name, "\" exists"));
+    }
+    return step.status();
+  }
+  return txn.Commit();
+}
+
+absl::Status TenantStore::DeleteKernel(absl::string_view tenant_id, absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  Transaction txn(db_);
+  RETURN_IF_ERROR(txn.Begin());
+  Statement stmt(db_, "DELETE FROM tenant_kernels WHERE tenant_id = ?1 AND name = ?2");
+  RETURN_IF_ERROR(stmt.status());
+  stmt.Bind(1, tenant_id);
+  stmt.Bind(2, name);
+  RETURN_IF_ERROR(stmt.Step().status());
+  if (sqlite3_changes(db_) == 0) {
+    return absl::NotFoundError(absl::StrCat("kernel \"", name, "\" not found"));
+  }
+  return txn.Commit();
+}
+
+absl::StatusOr<std::vector<StoredKernel>> TenantStore::LoadKernels() {
+  absl::MutexLock lock(&mu_);
+  std::vector<StoredKernel> kernels;
+  Statement stmt(db_, R"sql(
+      SELECT tenant_id, name, source, create_time_us FROM tenant_kernels
+      ORDER BY tenant_id, name)sql");
+  RETURN_IF_ERROR(stmt.status());
+  for (;;) {
+    ASSIGN_OR_RETURN(int rc, stmt.Step());
+    if (rc == SQLITE_DONE) break;
+    kernels.push_back(StoredKernel{.tenant_id = stmt.Text(0),
+                                   .name = stmt.Text(1),
+                                   .source = stmt.Text(2),
+                                   .create_time = FromMicros(stmt.Int(3))});
+  }
+  return kernels;
 }
 
 }  // namespace tessera

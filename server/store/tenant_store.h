@@ -10,12 +10,21 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 #include "server/core/tenant.h"
 
 struct sqlite3;
 
 namespace tessera {
+
+/// A tenant-defined kernel as stored: its canonical source (kernels/expr/compile.h).
+struct StoredKernel {
+  std::string tenant_id;
+  std::string name;
+  std::string source;
+  absl::Time create_time;
+};
 
 /// The durable tenant table: one SQLite database (WAL, synchronous=FULL). Every mutation is
 /// one transaction; when a method returns OK the change has been committed to disk.
@@ -40,7 +49,17 @@ class TenantStore {
   /// Every record, ordered by id.
   absl::StatusOr<std::vector<TenantRecord>> LoadAll() ABSL_LOCKS_EXCLUDED(mu_);
 
-  static constexpr int kSchemaVersion = 1;
+  /// A tenant's kernel definition (deleted with the tenant). ALREADY_EXISTS for a name the
+  /// tenant has; NOT_FOUND when the tenant is not stored.
+  absl::Status InsertKernel(const StoredKernel& kernel) ABSL_LOCKS_EXCLUDED(mu_);
+  /// NOT_FOUND when the tenant has no kernel of that name.
+  absl::Status DeleteKernel(absl::string_view tenant_id, absl::string_view name)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  /// Every stored kernel, ordered by tenant and name.
+  absl::StatusOr<std::vector<StoredKernel>> LoadKernels() ABSL_LOCKS_EXCLUDED(mu_);
+
+  /// 2 added tenant_kernels (a version-1 file is migrated when opened).
+  static constexpr int kSchemaVersion = 2;
 
  private:
   explicit TenantStore(sqlite3* db) : db_(db) {}

@@ -95,7 +95,14 @@ class Client {
   absl::StatusOr<v1::Job> CancelJob(absl::string_view job_id);
   /// Waits for every job enqueued so far on `stream` (< 0: all streams).
   absl::StatusOr<uint64_t> Synchronize(int64_t stream = -1);
+  /// The catalog, then this tenant's own kernels (tenant_defined).
   absl::StatusOr<v1::ListKernelsResponse> ListKernels();
+  /// Defines a kernel of this tenant from its text form (docs/kernels.md):
+  /// "kernel NAME(x: f32) -> (y: f32) { y = x * sigmoid(1.702 * x) }".
+  absl::StatusOr<v1::KernelInfo> DefineKernel(absl::string_view source);
+  /// The same from a structured definition.
+  absl::StatusOr<v1::KernelInfo> DefineKernel(const v1::KernelDefinition& definition);
+  absl::Status DeleteKernel(absl::string_view name);
   absl::StatusOr<v1::Usage> GetUsage();
 
   /// The channel, for stubs this class does not wrap (e.g. grpc.health.v1).

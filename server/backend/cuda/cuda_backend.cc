@@ -4,13 +4,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
 #include <utility>
 
 #include <stdlib.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
+#include "kernels/expr/user_kernel.h"
 #include "server/backend/cuda/ops.h"
 #include "server/backend/cuda/resources.h"
 #include "server/backend/mps_probe.h"
@@ -26,6 +32,9 @@ constexpr uint64_t kStagingBytes = 8ull << 20;
 // cuBLAS's workspace, ours so that its size is known and charged to the tenant: a job with a
 // matmul reserves it from the tenant's quota (32 MiB is what cuBLAS itself takes on Hopper).
 constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;
+// Tenant-defined kernels loaded per context at most (the least recently launched one not in
+// use is unloaded to make room).
+constexpr size_t kMaxUserModules = 256;
 
 }  // namespace
 
@@ -72,15 +81,40 @@ class CudaContext final : public TenantContext {
     finished.clear();
   }
 
+  /// What image callbacks (on KernelImages' threads) reach a context through: null once the
+  /// context is going. Taken before the context's mu_, never while delivering jobs.
+  struct Handle {
+    absl::Mutex mu;
+    CudaContext* context ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  /// An image to ask KernelImages for, on behalf of a context.
+  struct FetchRequest {
+    std::shared_ptr<const GeneratedKernel> kernel;
+    std::string key;
+  };
+  /// What a context leaves for its caller to do with no lock held.
+  struct Followups {
+    std::vector<Finished> finished;
+    std::vector<FetchRequest> fetches;
+  };
+
   CudaContext(CudaBackend* backend, ContextRequest request, ContextPlan plan)
       : backend_(backend),
         driver_(*backend->driver_),
         request_(std::move(request)),
-        plan_(std::move(plan)) {
+        plan_(std::move(plan)),
+        handle_(std::make_shared<Handle>()) {
     pending_.resize(std::max<uint32_t>(1, request_.quota.max_streams));
+    waiting_.resize(pending_.size());
+    absl::MutexLock lock(&handle_->mu);
+    handle_->context = this;
   }
 
   ~CudaContext() override {
+    {
+      absl::MutexLock lock(&handle_->mu);  // waits for a callback inside this context
+      handle_->context = nullptr;
+    }
     backend_->Unregister(this);
     std::vector<Finished> finished;
     {
@@ -92,6 +126,17 @@ class CudaContext final : public TenantContext {
         }
       }
       PollLocked(finished);
+      for (auto& queue : waiting_) {
+        for (Waiting& w : queue) {
+          finished.push_back(
+              {std::move(w.done),
+               ExecResult{absl::CancelledError("the tenant's context closed while the job waited "
+                                               "for its kernels to compile"),
+                          -1},
+               std::move(w.steps)});
+        }
+        queue.clear();
+      }
     }
     Deliver(finished);
   }
@@ -189,15 +234,19 @@ class CudaContext final : public TenantContext {
     return total + (blas ? kCublasWorkspaceBytes : 0);
   }
 
+  // A job goes to its stream's waiting queue, which is drained at once unless a job there
+  // needs a tenant-defined kernel that is not compiled yet: that one (and those behind it,
+  // which must run after it) wait for KernelImages' callback (OnImage), holding no thread.
   void Enqueue(int stream, std::vector<Step> steps,
                absl::AnyInvocable<void(ExecResult) &&> done) override {
-    std::vector<Finished> failed;
+    Followups followups;
     {
       absl::MutexLock lock(&mu_);
-      EnqueueLocked(stream, std::move(steps), std::move(done), failed);
+      const size_t s = static_cast<size_t>(stream) % waiting_.size();
+      waiting_[s].push_back(Waiting{stream, std::move(steps), std::move(done)});
+      DrainLocked(s, followups);
     }
-    Deliver(failed);
-    backend_->Wake();
+    Finish(backend_, request_.tenant_id, handle_, followups);
   }
 
   absl::Duration busy_time() const override {
@@ -485,8 +534,11 @@ class CudaContext final : public TenantContext {
     return CurrentLocked();
   }
 
+  // Launches `steps` on `stream` as one job. With `failure` (a step that cannot run: its
+  // kernel did not compile), the steps before that one run and the job then ends with it.
   void EnqueueLocked(int stream, std::vector<Step> steps,
-                     absl::AnyInvocable<void(ExecResult) &&> done, std::vector<Finished>& failed)
+                     absl::AnyInvocable<void(ExecResult) &&> done, std::vector<Finished>& failed,
+                     ExecResult failure = {absl::OkStatus(), -1})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<std::shared_ptr<Incarnation>> inc = CurrentLocked();
     if (!inc.ok()) {
@@ -522,7 +574,10 @@ class CudaContext final : public TenantContext {
       failed.push_back({std::move(p.done), ExecResult{status, 0}});
       return;
     }
-    for (size_t i = 0; i < steps.size(); ++i) {
+    const size_t runnable =
+        failure.status.ok() ? steps.size() : static_cast<size_t>(failure.failed_step);
+    p.result = std::move(failure);
+    for (size_t i = 0; i < runnable; ++i) {
       absl::Status launched = LaunchStep(current, s, steps[i], p.temps);
       if (!launched.ok()) {
         p.result = ExecResult{launched, static_cast<int>(i)};
@@ -579,7 +634,18 @@ class CudaContext final : public TenantContext {
             absl::StrCat("creating the tenant's cuBLAS handle: ", cublasGetStatusName(created)));
       }
     }
-    LaunchTarget target{&driver_, backend_->kernels_.get(), s, inc.blas.get(), inc.sms};
+    CUfunction user = nullptr;
+    if (step.plan.kernel->op == kernels::Op::kUser) {
+      auto it = step.plan.user == nullptr ? inc.user_modules.end()
+                                          : inc.user_modules.find(step.plan.user->program.hash);
+      if (it == inc.user_modules.end()) {
+        return absl::InternalError(absl::StrCat("kernel ", step.plan.kernel->name,
+                                                " is not loaded in the tenant's context"));
+      }
+      it->second.last_use = ++inc.user_clock;
+      user = it->second.function;
+    }
+    LaunchTarget target{&driver_, backend_->kernels_.get(), s, inc.blas.get(), inc.sms, user};
     absl::Status status = RunStep(target, step.plan, in, out);
     if (!status.ok()) {
       // A launch error that is sticky faults the context like an asynchronous one.
@@ -649,6 +715,187 @@ class CudaContext final : public TenantContext {
     unreported_fault_ = error;
   }
 
+  // ---- Tenant-defined kernels ------------------------------------------------------------
+
+  /// A job not yet launched: it, or a job before it on its stream, waits for kernel images.
+  struct Waiting {
+    int stream = 0;
+    std::vector<Step> steps;
+    absl::AnyInvocable<void(ExecResult) &&> done;
+    // Images asked for (by key), with the step needing each; images received for them.
+    std::map<std::string, int> missing;
+    std::map<std::string, KernelImage> images;
+    ExecResult failure{absl::OkStatus(), -1};
+  };
+
+  /// Delivers jobs and starts fetches left by a context (which may be gone meanwhile), then
+  /// wakes the completion thread. No lock held.
+  static void Finish(CudaBackend* backend, const std::string& tenant,
+                     const std::shared_ptr<Handle>& handle, Followups& followups) {
+    for (FetchRequest& f : followups.fetches) {
+      backend->images_->Fetch(
+          f.kernel, ArchOfKey(f.key), tenant,
+          [backend, tenant, handle, key = f.key](absl::StatusOr<KernelImage> image) {
+            Followups next;
+            {
+              absl::MutexLock lock(&handle->mu);
+              if (handle->context == nullptr) return;  // the context went meanwhile
+              handle->context->OnImage(key, std::move(image), next);
+            }
+            Finish(backend, tenant, handle, next);
+          });
+    }
+    Deliver(followups.finished);
+    backend->Wake();
+  }
+
+  static int ArchOfKey(const std::string& key) {
+    int arch = 0;
+    const size_t at = key.rfind("/sm_");
+    if (at != std::string::npos) absl::SimpleAtoi(key.substr(at + 4), &arch);
+    return arch;
+  }
+
+  /// KernelImages' answer for `key`: the jobs that asked get the image or fail with the
+  /// error, and every stream is drained again.
+  void OnImage(const std::string& key, absl::StatusOr<KernelImage> image, Followups& followups)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    fetching_.erase(key);
+    for (auto& queue : waiting_) {
+      for (Waiting& w : queue) {
+        auto it = w.missing.find(key);
+        if (it == w.missing.end()) continue;
+        if (image.ok()) {
+          w.images[key] = *image;
+        } else if (w.failure.status.ok() || it->second < w.failure.failed_step) {
+          w.failure = ExecResult{image.status(), it->second};  // the earliest step's failure
+        }
+        w.missing.erase(it);
+      }
+    }
+    for (size_t s = 0; s < waiting_.size(); ++s) DrainLocked(s, followups);
+  }
+
+  /// Launches the jobs at the front of stream `s`'s waiting queue whose kernels are loaded (or
+  /// can be now), fails those that cannot run, and stops at the first that waits for images.
+  void DrainLocked(size_t s, Followups& followups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::deque<Waiting>& queue = waiting_[s];
+    while (!queue.empty()) {
+      Waiting& front = queue.front();
+      if (!PrepareLocked(front, followups.fetches)) return;
+      Waiting w = std::move(front);
+      queue.pop_front();
+      if (!w.failure.status.ok() && w.failure.failed_step <= 0) {
+        followups.finished.push_back({std::move(w.done), w.failure, std::move(w.steps)});
+        continue;
+      }
+      // The steps before a failed one run first, as for a failed launch.
+      EnqueueLocked(w.stream, std::move(w.steps), std::move(w.done), followups.finished,
+                    std::move(w.failure));
+    }
+  }
+
+  /// Loads the tenant-defined kernels of `w` (those before a step that failed) into the
+  /// current incarnation from the images at hand; true when none is missing, false when images
+  /// were asked for (added to `fetches` unless already asked). A kernel that cannot be had
+  /// fails its step (w.failure); the steps before it still run.
+  bool PrepareLocked(Waiting& w, std::vector<FetchRequest>& fetches)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto runnable = [&] {
+      return w.failure.status.ok() ? w.steps.size()
+                                   : static_cast<size_t>(std::max(0, w.failure.failed_step));
+    };
+    bool user = false;
+    for (size_t i = 0; i < runnable(); ++i) {
+      user = user || w.steps[i].plan.kernel->op == kernels::Op::kUser;
+    }
+    if (!user) return true;
+    absl::StatusOr<std::shared_ptr<Incarnation>> inc = CurrentLocked();
+    if (!inc.ok()) return true;  // EnqueueLocked fails the job with the reason
+    const int arch = backend_->gpus_[static_cast<size_t>(request_.device_index)].arch;
+    for (size_t i = 0; i < runnable(); ++i) {
+      const kernels::Plan& plan = w.steps[i].plan;
+      if (plan.kernel->op != kernels::Op::kUser) continue;
+      if (plan.user == nullptr) {
+        w.failure = ExecResult{
+            absl::InternalError(absl::StrCat("kernel ", plan.kernel->name,
+                                             " reached the CUDA backend without its program")),
+            static_cast<int>(i)};
+        break;
+      }
+      const kernels::expr::Program& program = plan.user->program;
+      if ((*inc)->user_modules.count(program.hash) != 0) continue;
+      absl::StatusOr<std::shared_ptr<const GeneratedKernel>> kernel =
+          backend_->images_->Generate(program);
+      if (!kernel.ok()) {
+        w.failure = ExecResult{kernel.status(), static_cast<int>(i)};
+        break;
+      }
+      const std::string key = absl::StrCat((*kernel)->digest, "/sm_", arch);
+      KernelImage image;
+      if (auto it = w.images.find(key); it != w.images.end()) image = it->second;
+      if (image == nullptr) image = backend_->images_->Find(**kernel, arch);
+      if (image != nullptr) {
+        absl::Status loaded = LoadUserModuleLocked(**inc, program.hash, **kernel, *image);
+        if (!loaded.ok()) {
+          w.failure = ExecResult{std::move(loaded), static_cast<int>(i)};
+          break;
+        }
+        continue;
+      }
+      w.missing.emplace(key, static_cast<int>(i));
+      if (fetching_.insert(key).second) fetches.push_back({*kernel, key});
+    }
+    // Images of steps after a failed one are not waited for.
+    for (auto it = w.missing.begin(); it != w.missing.end();) {
+      it = static_cast<size_t>(it->second) >= runnable() ? w.missing.erase(it) : std::next(it);
+    }
+    return w.missing.empty();
+  }
+
+  /// Loads `image` into `inc` as the module of program `hash`, first unloading the least
+  /// recently launched module that no queued job uses when the context has too many.
+  absl::Status LoadUserModuleLocked(Incarnation& inc, const std::string& hash,
+                                    const GeneratedKernel& kernel, const std::string& image)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ScopedContext scoped(driver_, inc.context);
+    if (inc.user_modules.size() >= kMaxUserModules) {
+      std::set<std::string> in_use;
+      for (const auto& queue : pending_) {
+        for (const Pending& p : queue) {
+          for (const Step& step : p.steps) {
+            if (step.plan.user != nullptr) in_use.insert(step.plan.user->program.hash);
+          }
+        }
+      }
+      auto victim = inc.user_modules.end();
+      for (auto it = inc.user_modules.begin(); it != inc.user_modules.end(); ++it) {
+        if (in_use.count(it->first) == 0 &&
+            (victim == inc.user_modules.end() || it->second.last_use < victim->second.last_use)) {
+          victim = it;
+        }
+      }
+      if (victim != inc.user_modules.end()) inc.user_modules.erase(victim);
+    }
+    CUmodule module = nullptr;
+    CUresult r = driver_.cuModuleLoadData(&module, image.data());
+    if (r != CUDA_SUCCESS) {
+      return Failed(r, absl::StrCat("loading kernel ", kernel.name, " into the tenant's context"));
+    }
+    UserModule loaded;
+    loaded.module = Module(driver_, module);
+    r = driver_.cuModuleGetFunction(&loaded.function, module, kernel.kernel.entry.c_str());
+    if (r != CUDA_SUCCESS) {
+      absl::Status status = Failed(r, absl::StrCat("finding ", kernel.kernel.entry, " in kernel ",
+                                                   kernel.name, "'s module"));
+      if (inc.lost.load()) loaded.module.Abandon();  // went with the faulted context
+      return status;
+    }
+    inc.user_modules.emplace(hash, std::move(loaded));
+    return absl::OkStatus();
+  }
+
   friend class CudaBackend;
   CudaBackend* backend_;
   const Driver& driver_;
@@ -656,6 +903,7 @@ class CudaContext final : public TenantContext {
   ContextPlan plan_;
   ContextInfo info_;
   bool started_ = false;
+  const std::shared_ptr<Handle> handle_;
 
   // Serializes the context's use of its copy stream and pinned staging (Allocate, CopyIn,
   // CopyOut). Taken before mu_, never by the completion thread.
@@ -663,6 +911,10 @@ class CudaContext final : public TenantContext {
   mutable absl::Mutex mu_;
   std::shared_ptr<Incarnation> current_ ABSL_GUARDED_BY(mu_);
   std::vector<std::deque<Pending>> pending_ ABSL_GUARDED_BY(mu_);
+  // Per stream: jobs not launched yet, in Enqueue order (see Enqueue).
+  std::vector<std::deque<Waiting>> waiting_ ABSL_GUARDED_BY(mu_);
+  // Image keys asked of KernelImages and not answered yet.
+  std::set<std::string> fetching_ ABSL_GUARDED_BY(mu_);
   std::vector<Finished> orphaned_ ABSL_GUARDED_BY(mu_);
   absl::Duration busy_ ABSL_GUARDED_BY(mu_);
   // The sticky error of the last fault, until Poll reports it to the backend.
@@ -671,6 +923,15 @@ class CudaContext final : public TenantContext {
 
 namespace {
 void CUDA_CB WakeBackend(void* backend) { static_cast<CudaBackend*>(backend)->Wake(); }
+
+// The driver as compiled images depend on it (part of their cache key): its CUDA version
+// and, where the kernel module says, the NVIDIA driver's own version.
+std::string DriverDescription(int cuda_version) {
+  std::string module_version;
+  std::ifstream("/sys/module/nvidia/version") >> module_version;
+  return absl::StrCat("cuda ", cuda_version, ", nvidia ",
+                      module_version.empty() ? "unknown" : module_version);
+}
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModuleOptions& options) {
@@ -700,6 +961,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModul
     driver->cuDeviceGetAttribute(&gpu.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, gpu.device);
     driver->cuDeviceGetAttribute(&gpu.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
                                  gpu.device);
+    int cc_minor = 0;
+    driver->cuDeviceGetAttribute(&cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                 gpu.device);
+    gpu.arch = gpu.cc_major * 10 + cc_minor;
     int mps_enabled = 0;
     driver->cuDeviceGetAttribute(&mps_enabled, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, gpu.device);
     mps_connected = mps_connected || mps_enabled != 0;
@@ -767,12 +1032,19 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModul
   backend->mps_ = std::move(mps);
   backend->mps_mode_ = options.mps;
   ASSIGN_OR_RETURN(backend->kernels_, KernelTable::Load(*driver));
+  backend->images_ = std::make_unique<KernelImages>(KernelImagesOptions{
+      .cache_dir = options.kernel_cache_dir,
+      .driver = DriverDescription(driver->version),
+      .compiler = KernelCompiler::DefaultBinary(),
+      .limits = KernelCompiler::DefaultLimits(),
+      .workers = static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 2u, 4u))});
   backend->driver_ = std::move(driver);
   backend->completer_ = std::thread([b = backend.get()] { b->CompletionLoop(); });
   return backend;
 }
 
 CudaBackend::~CudaBackend() {
+  images_.reset();  // stops compilations; no callback runs after this
   {
     absl::MutexLock lock(&wake_mu_);
     stopping_ = true;

@@ -14,6 +14,7 @@
 
 #include "server/backend/backend.h"
 #include "server/backend/cuda/driver.h"
+#include "server/backend/cuda/kernel_images.h"
 #include "server/backend/cuda/launch.h"
 #include "server/backend/cuda_module.h"
 #include "server/backend/gpu_policy.h"
@@ -24,7 +25,9 @@ class CudaContext;
 
 /// The CUDA backend: one context per tenant (MPS client, green or plain, per gpu_policy),
 /// `max_streams` prioritized streams each, completions collected by one thread that host
-/// functions wake (no thread waits per job). All methods are thread-safe.
+/// functions wake (no thread waits per job). Tenant-defined kernels are compiled per GPU
+/// architecture on KernelImages' threads; a job that needs one waits for it (and the jobs
+/// behind it on its stream wait too) without holding any thread. All methods are thread-safe.
 class CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaModuleOptions& options);
@@ -49,6 +52,7 @@ class CudaBackend final : public Backend {
     CUdevice device = 0;
     int sms = 0;
     int cc_major = 0;
+    int arch = 0;  // compute capability as NVRTC names it: 90 for sm_90
     GreenSupport green;
     // One split of the device into equal SM groups of the smallest partition; a green
     // context combines several (resources of one split may share a descriptor).
@@ -77,6 +81,8 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<Driver> driver_;
   std::unique_ptr<KernelTable> kernels_;
+  // Compiled tenant-defined kernels; destroyed first (its threads call into contexts' handles).
+  std::unique_ptr<KernelImages> images_;
   std::vector<DeviceInfo> devices_;
   std::vector<Gpu> gpus_;
   std::string mps_mode_;

@@ -54,6 +54,9 @@ namespace tessera::cuda {
   X(cuLibraryLoadData)           \
   X(cuLibraryUnload)             \
   X(cuLibraryGetKernel)          \
+  X(cuModuleLoadData)            \
+  X(cuModuleUnload)              \
+  X(cuModuleGetFunction)         \
   X(cuGetErrorName)              \
   X(cuGetErrorString)
 

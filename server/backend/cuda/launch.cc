@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 
 #include "kernels/cuda/params.h"
+#include "kernels/expr/cuda_codegen.h"
+#include "kernels/expr/user_kernel.h"
 #include "kernels/geometry.h"
 #include "server/backend/cuda/ops.h"
 
@@ -233,6 +235,25 @@ absl::Status Matmul(Launcher& l, const LaunchTarget& t, const Plan& p, CUdevicep
   return absl::OkStatus();
 }
 
+// A generated kernel: element-wise ones compute every output of an element before storing
+// any (kernels/expr/cuda_codegen.h), reductions are staged like the catalog's.
+absl::Status User(const LaunchTarget& t, const Plan& p, const std::vector<CUdeviceptr>& in,
+                  const std::vector<CUdeviceptr>& out) {
+  if (p.user == nullptr || t.user == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("kernel ", p.kernel->name, " reached the CUDA launcher without its module"));
+  }
+  absl::StatusOr<kernels::expr::CudaLaunch> launch =
+      kernels::expr::MakeCudaLaunch(p.user->program, p, std::vector<uint64_t>(in.begin(), in.end()),
+                                    std::vector<uint64_t>(out.begin(), out.end()), t.sms);
+  if (!launch.ok()) return launch.status();
+  if (launch->grid == 0) return absl::OkStatus();
+  void* params[] = {launch->params.data()};
+  return t.driver->Check(t.driver->cuLaunchKernel(t.user, launch->grid, 1, 1, launch->block, 1, 1,
+                                                  0, t.stream, params, nullptr),
+                         absl::StrCat("launching kernel ", p.kernel->name));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KernelTable>> KernelTable::Load(const Driver& driver) {
@@ -270,7 +291,12 @@ absl::StatusOr<CUkernel> KernelTable::Find(const std::string& name) const {
   return it->second;
 }
 
-bool AliasSafe(const Plan& plan) { return CudaImplOf(plan.kernel->op).alias_safe; }
+bool AliasSafe(const Plan& plan) {
+  if (plan.kernel->op == kernels::Op::kUser) {
+    return plan.user != nullptr && !plan.user->program.reduction.has_value();
+  }
+  return CudaImplOf(plan.kernel->op).alias_safe;
+}
 
 bool UsesCublas(const Plan& plan) {
   return CudaImplOf(plan.kernel->op).launcher == CudaLauncher::kMatmul;
@@ -335,6 +361,8 @@ absl::Status RunStep(const LaunchTarget& t, const Plan& p, const std::vector<CUd
       return Transpose(l, t, p, in[0], out[0]);
     case CudaLauncher::kMatmul:
       return Matmul(l, t, p, in[0], in[1], out[0]);
+    case CudaLauncher::kUser:
+      return User(t, p, in, out);
   }
   return absl::InternalError(absl::StrCat("the CUDA backend has no kernel for ", p.kernel->name));
 }

@@ -45,10 +45,13 @@ struct LaunchTarget {
   cublasHandle_t blas = nullptr;
   /// SMs the context may use, for grid sizing.
   int sms = 1;
+  /// For a tenant-defined kernel (Op::kUser): its entry point, loaded in the context.
+  CUfunction user = nullptr;
 };
 
 /// Whether a kernel may write an output that is also one of its inputs (element-wise
-/// kernels read and write each element in the same thread); others are staged.
+/// kernels, tenant-defined ones included, read and write each element in the same thread);
+/// others are staged.
 bool AliasSafe(const kernels::Plan& plan);
 
 /// Whether the plan's op runs on cuBLAS, so that its context needs the tenant's handle (and

@@ -90,6 +90,8 @@ CudaImpl CudaImplOf(Op op) {
       return {L::kPermute, 0, kStaged};
     case Op::kMatmul:
       return {L::kMatmul, 0, kStaged};
+    case Op::kUser:  // element-wise ones may alias: AliasSafe looks at the program
+      return {L::kUser, 0, kStaged};
   }
   return {};  // not an Op
 }
@@ -100,6 +102,7 @@ std::string EntryPointOf(CudaLauncher launcher, DType dtype) {
   switch (launcher) {
     case CudaLauncher::kNone:
     case CudaLauncher::kCopy:
+    case CudaLauncher::kUser:
       return "";
     case CudaLauncher::kFill:
       return "tessera_fill";
@@ -141,6 +144,8 @@ int MaxThreadsPerBlock(CudaLauncher launcher) {
     case CudaLauncher::kSoftmax:
     case CudaLauncher::kNorm:
       return kMaxRowBlock;
+    case CudaLauncher::kUser:  // kernels/expr/cuda_codegen.h: kCudaUserMaxReduceBlock
+      return 1024;
   }
   return 0;
 }

@@ -26,6 +26,7 @@ enum class CudaLauncher {
   kNorm,     // tessera_norm_<dtype>; code: 1 for RMS norm
   kPermute,  // tessera_permute_<element bytes>
   kMatmul,   // cuBLAS (the tenant's handle); an empty product scales y with tessera_unary_<dtype>
+  kUser,     // a tenant-defined kernel: its generated entry point (kernels/expr/cuda_codegen.h)
 };
 
 /// How the CUDA backend implements one op.
@@ -43,11 +44,13 @@ struct CudaImpl {
 CudaImpl CudaImplOf(kernels::Op op);
 
 /// Whether the CUDA backend implements `op`: true for every op of the catalog (checked by
-/// tests/unit/kernels/implementations_test.cc). Thread-safe.
+/// tests/unit/kernels/implementations_test.cc) and for Op::kUser (generated code,
+/// CudaLauncher::kUser). Thread-safe.
 bool CudaImplements(kernels::Op op);
 
 /// The entry point that `launcher` launches for operands of `dtype` (the input's, which for
-/// the element-wise ops is also the output's); empty where it launches none (kNone, kCopy).
+/// the element-wise ops is also the output's); empty where it launches none (kNone, kCopy)
+/// or where the kernel is generated per program (kUser).
 std::string EntryPointOf(CudaLauncher launcher, kernels::DType dtype);
 
 /// Threads per block of the grid-stride kernels (element-wise, cast, fill, permute).

@@ -36,6 +36,7 @@ void Incarnation::Destroy() {
   if (context == nullptr) return;
   {
     ScopedContext scoped(*driver, context);
+    user_modules.clear();
     blas.Reset();
     for (int i = 0; i < 2; ++i) {
       staging[i].Reset();

@@ -7,7 +7,9 @@
 // (a green context's streams and events would outlive it) and nothing is destroyed twice.
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -64,6 +66,15 @@ using Stream = Owned<CUstream, &Driver::cuStreamDestroy>;
 using Event = Owned<CUevent, &Driver::cuEventDestroy>;
 using DeviceMemory = Owned<CUdeviceptr, &Driver::cuMemFree>;
 using PinnedMemory = Owned<void*, &Driver::cuMemFreeHost>;
+using Module = Owned<CUmodule, &Driver::cuModuleUnload>;
+
+/// A tenant-defined kernel's compiled image loaded into one context.
+struct UserModule {
+  Module module;
+  CUfunction function = nullptr;
+  /// When it was last launched (Incarnation::user_clock), for unloading the least recent.
+  uint64_t last_use = 0;
+};
 
 /// A cuBLAS handle bound to the context current when it was created, with the workspace we
 /// give it (so its size is known and charged to the tenant).
@@ -107,6 +118,10 @@ struct Incarnation {
   BlasHandle blas;              // created by the first matmul
   PinnedMemory staging[2];      // transfer staging, allocated by the first copy
   Event staging_done[2];
+  // Tenant-defined kernels loaded here, by program hash (loaded on first use, unloaded when
+  // too many or with the context); guarded by the owning CudaContext's mu_.
+  std::map<std::string, UserModule> user_modules;
+  uint64_t user_clock = 0;
   int sms = 0;
   // A green context's SM groups, returned to `owner` when it goes.
   CudaBackend* owner = nullptr;

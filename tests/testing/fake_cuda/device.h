@@ -33,8 +33,19 @@
 #define __host__
 #define __shared__ static __attribute__((section("tessera_shared")))
 #define __launch_bounds__(...)
+// NVIDIA's host_defines.h (through cuda_fp16.h) redefines it the same way.
+#define __forceinline__ inline __attribute__((always_inline))
 
 #include <vector_types.h>
+
+// The reinterpreting intrinsics (device_functions.h), which code without CUDA headers uses:
+// the generated kernels of tenant-defined kernels (kernels/expr/cuda_codegen.cc).
+inline float __int_as_float(int x) { return __builtin_bit_cast(float, x); }
+inline int __float_as_int(float x) { return __builtin_bit_cast(int, x); }
+inline float __uint_as_float(unsigned int x) { return __builtin_bit_cast(float, x); }
+inline unsigned int __float_as_uint(float x) { return __builtin_bit_cast(unsigned int, x); }
+inline double __longlong_as_double(long long x) { return __builtin_bit_cast(double, x); }
+inline long long __double_as_longlong(double x) { return __builtin_bit_cast(long long, x); }
 
 extern "C" {
 // By value: the kernels' reads of them are no memory accesses of theirs.

@@ -33,6 +33,7 @@
 
 #include "tests/testing/fake_cuda/device.h"
 #include "tests/testing/fake_cuda/host_kernels.h"
+#include "tests/testing/fake_cuda/host_module.h"
 
 // Saves the callee-saved registers, the SSE and x87 control words and the stack pointer
 // (to *save), then continues on the stack `next` saved, where the same were saved.
@@ -138,8 +139,12 @@ struct Runtime {
   // block's shared memory) and its read-only data (constants a kernel may read).
   std::once_flag loaded;
   std::string load_error;
-  uintptr_t shared_lo = 0, shared_hi = 0;
-  std::vector<std::pair<uintptr_t, uintptr_t>> image;
+  HostImage host_image;
+  // The running kernel's library (host_image or a module's).
+  const HostImage* image = nullptr;
+  // Modules of generated kernels (LoadHostModule), by path; never unloaded.
+  std::mutex modules_mu;
+  std::map<std::string, std::vector<HostKernel>, std::less<>> modules;
 };
 
 Runtime* const g_runtime = new Runtime();
@@ -335,34 +340,16 @@ void EnsureStacks() {
   }
 }
 
-// Loads libtessera_host_kernels.so from the fake driver's directory (its generated files
-// register the kernels) and finds its segments: the writable one, less what is read-only after
-// relocation, is the kernels' shared memory; the rest is read-only to them.
-void LoadHostKernels() {
-  Runtime& r = R();
-  Dl_info self{};
-  if (dladdr(reinterpret_cast<void*>(&LoadHostKernels), &self) == 0 || self.dli_fname == nullptr) {
-    r.load_error = "the fake driver cannot find its own file";
-    return;
-  }
-  std::string path = self.dli_fname;
-  path = path.substr(0, path.rfind('/') + 1) + "libtessera_host_kernels.so";
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-  if (handle == nullptr) {
-    const char* why = dlerror();
-    r.load_error = why == nullptr ? "dlopen of " + path + " failed" : why;
-    return;
-  }
-  Dl_info kernels{};
-  void* any = dlsym(handle, "tessera_host_kernels_anchor");
-  if (any == nullptr || dladdr(any, &kernels) == 0) {
-    r.load_error = path + " has no tessera_host_kernels_anchor";
-    return;
-  }
+// Finds the segments of the library holding `anchor`: the writable one, less what is
+// read-only after relocation, is its kernels' shared memory; the rest is read-only to them.
+// False when it has no writable segment.
+bool FindSegments(const void* anchor, HostImage* image) {
+  Dl_info info{};
+  if (dladdr(anchor, &info) == 0) return false;
   struct Search {
     const void* base;
-    Runtime* r;
-  } search{kernels.dli_fbase, &r};
+    HostImage* image;
+  } search{info.dli_fbase, image};
   dl_iterate_phdr(
       [](dl_phdr_info* phdr, size_t, void* data) {
         auto* s = static_cast<Search*>(data);
@@ -379,19 +366,44 @@ void LoadHostKernels() {
           const uintptr_t hi = lo + h.p_memsz;
           if ((h.p_flags & PF_W) != 0) {
             if (relro_hi > lo && relro_hi <= hi) {
-              s->r->image.emplace_back(lo, relro_hi);
+              s->image->readonly.emplace_back(lo, relro_hi);
               lo = relro_hi;
             }
-            s->r->shared_lo = lo;
-            s->r->shared_hi = hi;
+            s->image->shared_lo = lo;
+            s->image->shared_hi = hi;
           } else {
-            s->r->image.emplace_back(lo, hi);
+            s->image->readonly.emplace_back(lo, hi);
           }
         }
         return 1;
       },
       &search);
-  if (r.shared_hi == 0) r.load_error = path + " has no writable segment";
+  return image->shared_hi != 0;
+}
+
+// Loads libtessera_host_kernels.so from the fake driver's directory (its generated files
+// register the kernels) and finds its segments.
+void LoadHostKernels() {
+  Runtime& r = R();
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void*>(&LoadHostKernels), &self) == 0 || self.dli_fname == nullptr) {
+    r.load_error = "the fake driver cannot find its own file";
+    return;
+  }
+  std::string path = self.dli_fname;
+  path = path.substr(0, path.rfind('/') + 1) + "libtessera_host_kernels.so";
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    r.load_error = why == nullptr ? "dlopen of " + path + " failed" : why;
+    return;
+  }
+  void* any = dlsym(handle, "tessera_host_kernels_anchor");
+  if (any == nullptr) {
+    r.load_error = path + " has no tessera_host_kernels_anchor";
+    return;
+  }
+  if (!FindSegments(any, &r.host_image)) r.load_error = path + " has no writable segment";
 }
 
 void RunBlock(uint3 index) {
@@ -465,7 +477,7 @@ const DeviceRange* FindDevice(uintptr_t address) {
 }
 
 bool InImage(uintptr_t address) {
-  for (const auto& [lo, hi] : R().image) {
+  for (const auto& [lo, hi] : R().image->readonly) {
     if (address >= lo && address < hi) return true;
   }
   return false;
@@ -485,7 +497,7 @@ void Check(uintptr_t address, size_t size, bool store) {
   const auto lo = reinterpret_cast<uintptr_t>(f->stack);
   if (address >= lo && address + size <= lo + kStackBytes) return;
   const bool vector = size == 2 || size == 4 || size == 8 || size == 16;
-  const uintptr_t shared_lo = r.shared_lo, shared_hi = r.shared_hi;
+  const uintptr_t shared_lo = r.image->shared_lo, shared_hi = r.image->shared_hi;
   if (address >= shared_lo && address < shared_hi) {
     if (address + size > shared_hi) {
       Violation(kIllegalAddress,
@@ -547,6 +559,43 @@ void RegisterHostKernels(const HostKernel* kernels, size_t count) {
   for (size_t i = 0; i < count; ++i) Table()[kernels[i].name] = kernels[i];
 }
 
+const std::vector<HostKernel>* LoadHostModule(const std::string& path, std::string* error) {
+  Runtime& r = R();
+  std::lock_guard<std::mutex> lock(r.modules_mu);
+  if (auto it = r.modules.find(path); it != r.modules.end()) return &it->second;
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    *error = why == nullptr ? "dlopen of " + path + " failed" : why;
+    return nullptr;
+  }
+  const auto* entries =
+      static_cast<const TesseraFakeHostEntry*>(dlsym(handle, "tessera_fake_host_entries"));
+  if (entries == nullptr) {
+    *error = path + " has no tessera_fake_host_entries";
+    return nullptr;
+  }
+  auto* image = new HostImage();  // never freed: kernels of the module point at it
+  if (!FindSegments(entries, image)) {
+    delete image;
+    *error = path + " has no writable segment";
+    return nullptr;
+  }
+  std::vector<HostKernel> kernels;
+  for (const TesseraFakeHostEntry* e = entries; e->name != nullptr; ++e) {
+    HostKernel k;
+    k.name = e->name;
+    k.fn = e->fn;
+    k.invoke = e->invoke;
+    k.params = 1;
+    k.sizes[0] = e->size;
+    k.alignments[0] = e->alignment;
+    k.image = image;
+    kernels.push_back(k);
+  }
+  return &r.modules.emplace(path, std::move(kernels)).first->second;
+}
+
 const HostKernel* FindHostKernel(std::string_view name, std::string* error) {
   Runtime& r = R();
   std::call_once(r.loaded, LoadHostKernels);
@@ -573,7 +622,10 @@ int RunHostKernel(const HostKernel& kernel, dim3 grid, dim3 block, void** params
   r.context = context;
   r.error = kSuccess;
   r.message.clear();
-  r.shared_written.assign(r.shared_hi - r.shared_lo, 0);
+  r.image = kernel.image != nullptr ? kernel.image : &r.host_image;
+  r.shared_written.assign(r.image->shared_hi - r.image->shared_lo, 0);
+  r.shared_dirty_lo = SIZE_MAX;
+  r.shared_dirty_hi = 0;
   for (unsigned z = 0; z < grid.z && r.error == kSuccess; ++z) {
     for (unsigned y = 0; y < grid.y && r.error == kSuccess; ++y) {
       for (unsigned x = 0; x < grid.x && r.error == kSuccess; ++x) RunBlock(uint3{x, y, z});

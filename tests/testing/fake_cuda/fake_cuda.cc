@@ -16,7 +16,8 @@
 // (tessera_fake_cuda_misuses); tests assert the count stays zero.
 //
 // Object accounting: every object the driver hands out with a destroy call of its own
-// (contexts plain and green, streams, events, device and pinned host allocations, libraries)
+// (contexts plain and green, streams, events, device and pinned host allocations, libraries,
+// modules)
 // is counted from creation until it ends, and how it ended is recorded, so that tests fail on
 // leaks (tests/testing/fake_cuda/fake_cuda.h reads the counts; a process that still has any
 // at exit prints them to stderr as "fake libcuda: leak: ..." lines). Ending by its own
@@ -47,7 +48,8 @@
 //   TESSERA_FAKE_CUDA_DEVICES   devices (default 1; 0: cuInit fails with no device)
 //   TESSERA_FAKE_CUDA_SMS       SMs per device (default 132)
 //   TESSERA_FAKE_CUDA_MEMORY_MIB device memory (default 4096; only counted)
-//   TESSERA_FAKE_CUDA_CC        compute capability major (default 9)
+//   TESSERA_FAKE_CUDA_CC        compute capability, "MAJOR[.MINOR]" (default 9.0), or one per
+//                               device separated by commas ("8.0,9.0")
 //   TESSERA_FAKE_CUDA_GREEN     "1" green contexts (default), "0" no green entry points,
 //                               "fail" entry points present but creation fails
 // MPS: the driver joins a control daemon when CUDA_MPS_PIPE_DIRECTORY (default
@@ -137,6 +139,7 @@ int EnvInt(const char* name, int fallback) {
 struct Device {
   int sms = 0;
   int cc_major = 0;
+  int cc_minor = 0;
   uint64_t memory = 0;
   uint64_t used = 0;
   int mps_clients = 0;    // live contexts while MPS is connected
@@ -243,8 +246,16 @@ struct CUlib_st {
   size_t size = 0;
 };
 
+struct CUmod_st {
+  CUctx_st* context = nullptr;
+  const std::vector<tf::HostKernel>* kernels = nullptr;
+  std::atomic<bool> unloaded{false};
+};
+
+// A kernel of a library (any context), or a function of a module (its context only).
 struct CUkern_st {
   const tf::HostKernel* host = nullptr;
+  CUmod_st* module = nullptr;
 };
 
 namespace {
@@ -483,9 +494,16 @@ CUresult Fake_cuInit(unsigned int flags) {
   const int count = EnvInt("TESSERA_FAKE_CUDA_DEVICES", 1);
   if (count <= 0) return CUDA_ERROR_NO_DEVICE;
   g.devices.assign(static_cast<size_t>(count), Device{});
+  const char* cc = std::getenv("TESSERA_FAKE_CUDA_CC");
+  std::string ccs = cc == nullptr || *cc == '\0' ? "9.0" : cc;
   for (Device& d : g.devices) {
     d.sms = EnvInt("TESSERA_FAKE_CUDA_SMS", 132);
-    d.cc_major = EnvInt("TESSERA_FAKE_CUDA_CC", 9);
+    // This device's "MAJOR[.MINOR]"; the last one given serves the devices after it.
+    const std::string mine = ccs.substr(0, ccs.find(','));
+    if (ccs.find(',') != std::string::npos) ccs = ccs.substr(ccs.find(',') + 1);
+    d.cc_major = std::atoi(mine.c_str());
+    d.cc_minor =
+        mine.find('.') == std::string::npos ? 0 : std::atoi(mine.c_str() + mine.find('.') + 1);
     d.memory = static_cast<uint64_t>(EnvInt("TESSERA_FAKE_CUDA_MEMORY_MIB", 4096)) << 20;
   }
   const char* green = std::getenv("TESSERA_FAKE_CUDA_GREEN");
@@ -548,6 +566,9 @@ CUresult Fake_cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUd
       break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
       *value = d->cc_major;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+      *value = d->cc_minor;
       break;
     case CU_DEVICE_ATTRIBUTE_MPS_ENABLED:
       *value = G().mps ? 1 : 0;
@@ -1150,6 +1171,71 @@ CUresult Fake_cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char
   return CUDA_SUCCESS;
 }
 
+// A module of a generated kernel (a tenant-defined kernel) as the fake's kernel compiler
+// (fake_kernel_compiler.cc) builds it: kFakeModuleMagic, then the path of a shared object of
+// its host build. Anything else (a real cubin or PTX) cannot run here.
+constexpr char kFakeModuleMagic[] = "TESSERA-FAKE-HOST-MODULE\n";
+
+CUresult Fake_cuModuleLoadData(CUmodule* module, const void* image) {
+  if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuModuleLoadData", &c); r != CUDA_SUCCESS) return r;
+  const char* text = static_cast<const char*>(image);
+  const size_t magic = sizeof(kFakeModuleMagic) - 1;
+  if (std::strncmp(text, kFakeModuleMagic, magic) != 0) {
+    Misuse(
+        "cuModuleLoadData of an image that is not the fake kernel compiler's (a real cubin or "
+        "PTX cannot run on the fake driver; set TESSERA_KERNEL_COMPILER to "
+        "tessera-fake-kernel-compiler)");
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  std::string path(text + magic);
+  path = path.substr(0, path.find('\n'));
+  std::string error;
+  const std::vector<tf::HostKernel>* kernels = tf::LoadHostModule(path, &error);
+  if (kernels == nullptr) {
+    std::fprintf(stderr, "fake libcuda: cannot load the module %s: %s\n", path.c_str(),
+                 error.c_str());
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  auto* m = new CUmod_st();
+  m->context = c;
+  m->kernels = kernels;
+  Track(FakeCudaKind::kModule, m, c, "cuModuleLoadData");
+  *module = m;
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuModuleUnload(CUmodule module) {
+  CUctx_st* c = Current();
+  if (module != nullptr && c != module->context) {
+    Misuse("cuModuleUnload of a module of a context that is not current");
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (module == nullptr || !UntrackLocked(FakeCudaKind::kModule, module)) {
+    Misuse("cuModuleUnload of a module that is not loaded");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  module->unloaded = true;  // the struct is kept: stale functions stay recognizable
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuModuleGetFunction(CUfunction* function, CUmodule module, const char* name) {
+  if (function == nullptr || module == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (module->unloaded.load()) {
+    Misuse("cuModuleGetFunction on an unloaded module");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  for (const tf::HostKernel& k : *module->kernels) {
+    if (std::strcmp(k.name, name) == 0) {
+      *function = reinterpret_cast<CUfunction>(new CUkern_st{&k, module});
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
 // A launch runs the kernel's host build (host_kernels.h, device_runtime.cc) on the stream,
 // with copies of its parameters taken now, as the driver takes them.
 CUresult Fake_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
@@ -1163,6 +1249,16 @@ CUresult Fake_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, uns
   }
   const tf::HostKernel* kernel = reinterpret_cast<CUkern_st*>(f)->host;
   const char* name = kernel->name;
+  if (const CUmod_st* m = reinterpret_cast<CUkern_st*>(f)->module; m != nullptr) {
+    if (m->unloaded.load()) {
+      Misuse("%s launched after its module was unloaded", name);
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (m->context != stream->context) {
+      Misuse("%s launched in a context other than its module's", name);
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+  }
   // The limits of compute capability 8.0 and 9.0 (CUDA C++ Programming Guide).
   if (gx == 0 || gy == 0 || gz == 0 || gx > 0x7fffffffu || gy > 65535 || gz > 65535 || bx == 0 ||
       by == 0 || bz == 0 || bx > 1024 || by > 1024 || bz > 64 || uint64_t{bx} * by * bz > 1024) {
@@ -1328,6 +1424,9 @@ const std::vector<Entry>& Entries() {
       FAKE_ENTRY(cuLibraryLoadData),
       FAKE_ENTRY(cuLibraryUnload),
       FAKE_ENTRY(cuLibraryGetKernel),
+      FAKE_ENTRY(cuModuleLoadData),
+      FAKE_ENTRY(cuModuleUnload),
+      FAKE_ENTRY(cuModuleGetFunction),
       FAKE_ENTRY(cuGetErrorName),
       FAKE_ENTRY(cuGetErrorString),
       FAKE_GREEN(cuDeviceGetDevResource),

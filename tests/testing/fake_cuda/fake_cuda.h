@@ -24,14 +24,15 @@ enum class FakeCudaKind : int {
   kDeviceMemory,  // cuMemAlloc
   kHostMemory,    // cuMemHostAlloc (pinned)
   kLibrary,       // cuLibraryLoadData
+  kModule,        // cuModuleLoadData (in the current context)
 };
-inline constexpr int kFakeCudaKinds = 7;
+inline constexpr int kFakeCudaKinds = 8;
 
 /// "stream" (the report's word for a kind).
 inline const char* FakeCudaKindName(FakeCudaKind kind) {
   static constexpr std::array<const char*, kFakeCudaKinds> kNames = {
       "context",           "green context",          "stream",  "event",
-      "device allocation", "pinned host allocation", "library",
+      "device allocation", "pinned host allocation", "library", "module",
   };
   return kNames[static_cast<size_t>(kind)];
 }

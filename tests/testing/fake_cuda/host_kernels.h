@@ -20,6 +20,13 @@ namespace tessera::fake_cuda {
 
 inline constexpr int kMaxKernelParams = 32;
 
+/// Where a library of host kernels lies: its writable data (exactly its kernels' __shared__
+/// variables: a launch's shared memory) and its read-only data (constants kernels may read).
+struct HostImage {
+  uintptr_t shared_lo = 0, shared_hi = 0;
+  std::vector<std::pair<uintptr_t, uintptr_t>> readonly;
+};
+
 /// One __global__ function compiled for the host: how to call it with the driver's
 /// `kernelParams` (one pointer per parameter, each to a copy of its value).
 struct HostKernel {
@@ -29,6 +36,8 @@ struct HostKernel {
   int params = 0;
   std::array<uint32_t, kMaxKernelParams> sizes{};
   std::array<uint32_t, kMaxKernelParams> alignments{};
+  /// The library it is in; null: libtessera_host_kernels.so.
+  const HostImage* image = nullptr;
 };
 
 }  // namespace tessera::fake_cuda
@@ -44,6 +53,11 @@ void RegisterHostKernels(const HostKernel* kernels, size_t count);
 /// The kernel named `name`, or null. Loads libtessera_host_kernels.so (beside the fake driver)
 /// the first time; `error` says why none could be loaded.
 const HostKernel* FindHostKernel(std::string_view name, std::string* error);
+
+/// The kernels of a module built by the fake's kernel compiler (fake_kernel_compiler.cc, a
+/// shared object with a TesseraFakeHostEntry table, host_module.h), loaded once per path and
+/// never unloaded; null with `*error` saying why when it cannot be loaded. Thread-safe.
+const std::vector<HostKernel>* LoadHostModule(const std::string& path, std::string* error);
 
 /// Device memory as a launch sees it: every allocation of every context, sorted by base.
 struct DeviceRange {

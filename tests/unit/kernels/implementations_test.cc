@@ -58,9 +58,17 @@ TEST(ImplementationsTest, EveryCatalogDtypeHasACudaEntryPoint) {
 
 // What the tests above rely on: a value outside the switches has no implementation.
 TEST(ImplementationsTest, AValueOutsideTheOpsHasNoImplementation) {
-  const Op unknown = static_cast<Op>(kNumOps);
+  const Op unknown = static_cast<Op>(static_cast<int>(Op::kUser) + 1);
   EXPECT_FALSE(CpuImplements(unknown));
   EXPECT_FALSE(cuda::CudaImplements(unknown));
+}
+
+// Tenant-defined kernels are not catalog ops: the CPU backend runs the plan's own program
+// (RunCpuKernel), the CUDA backend generated code (its kUser launcher).
+TEST(ImplementationsTest, UserKernelsAreDispatchedOutsideTheCatalog) {
+  EXPECT_EQ(static_cast<int>(Op::kUser), kNumOps);
+  EXPECT_FALSE(CpuImplements(Op::kUser));
+  EXPECT_TRUE(cuda::CudaImplements(Op::kUser));
 }
 
 }  // namespace

@@ -98,6 +98,57 @@ TEST(TenantStoreTest, DeleteRemovesTenantAndLabels) {
   EXPECT_EQ(store->LoadAll()->front().labels, (Labels{{"fresh", "yes"}}));
 }
 
+TEST(TenantStoreTest, KernelsAreStoredPerTenantAndLeaveWithIt) {
+  testing::TempDir dir;
+  std::string path = dir.File("t.db");
+  const absl::Time t = absl::FromUnixSeconds(1700000000);
+  {
+    auto store = *TenantStore::Open(path);
+    ASSERT_TRUE(store->Insert(Record("alpha")).ok());
+    ASSERT_TRUE(store->Insert(Record("beta")).ok());
+    ASSERT_TRUE(
+        store->InsertKernel({"alpha", "k", "kernel k(x: f32) -> (y: f32) { y = x }", t}).ok());
+    ASSERT_TRUE(
+        store->InsertKernel({"beta", "k", "kernel k(x: f32) -> (y: f32) { y = -x }", t}).ok());
+    EXPECT_EQ(store->InsertKernel({"alpha", "k", "other", t}).code(),
+              absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ(store->InsertKernel({"nobody", "k", "x", t}).code(), absl::StatusCode::kNotFound);
+  }
+  auto store = *TenantStore::Open(path);
+  auto kernels = store->LoadKernels();
+  ASSERT_TRUE(kernels.ok()) << kernels.status();
+  ASSERT_EQ(kernels->size(), 2u);
+  EXPECT_EQ((*kernels)[0].tenant_id, "alpha");
+  EXPECT_EQ((*kernels)[0].source, "kernel k(x: f32) -> (y: f32) { y = x }");
+  EXPECT_EQ((*kernels)[0].create_time, t);
+  EXPECT_EQ((*kernels)[1].tenant_id, "beta");
+  // Deleting one kernel, then a tenant, takes its kernels with it.
+  EXPECT_EQ(store->DeleteKernel("alpha", "nope").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(store->DeleteKernel("alpha", "k").ok());
+  ASSERT_TRUE(store->Delete("beta").ok());
+  EXPECT_TRUE(store->LoadKernels()->empty());
+}
+
+TEST(TenantStoreTest, AVersionOneFileIsMigrated) {
+  testing::TempDir dir;
+  std::string path = dir.File("t.db");
+  {
+    auto store = *TenantStore::Open(path);
+    ASSERT_TRUE(store->Insert(Record("alpha")).ok());
+  }
+  // As a version-1 server left it: no kernel table.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "DROP TABLE tenant_kernels; PRAGMA user_version = 1", nullptr, nullptr,
+                         nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = TenantStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_THAT(*(*store)->LoadAll(), ElementsAre(Record("alpha")));
+  EXPECT_TRUE((*store)->InsertKernel({"alpha", "k", "src", absl::Now()}).ok());
+}
+
 TEST(TenantStoreTest, UsesWalAndFullSync) {
   testing::TempDir dir;
   std::string path = dir.File("t.db");
