@@ -11,6 +11,8 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev libsqlite3-dev libssl-dev libeigen3-dev libopenblas-dev
   # tests (systemd-analyze and yamllint check deploy/)
   libgtest-dev libgmock-dev openssl systemd yamllint
+  # the Python client (client/python) and its tests
+  python3-grpcio python3-protobuf python3-numpy python3-pytest
 )
 # --bench: also what the benchmark suite needs (tests/bench/run.sh): its plots.
 if [[ ${1:-} == --bench ]]; then

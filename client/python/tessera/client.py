@@ -1,0 +1,641 @@
+"""Client and Admin: the Compute and TenantAdmin services with numpy interop."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import grpc
+import numpy as np
+from google.protobuf import duration_pb2, field_mask_pb2
+
+from . import errors
+from ._proto import compute_pb2 as pb
+from ._proto import compute_pb2_grpc
+from ._proto import tenant_admin_pb2 as apb
+from ._proto import tenant_admin_pb2_grpc
+
+DEFAULT_ADDR = "127.0.0.1:50051"
+#: The server's default --max_message_bytes; chunks stay well below it.
+MAX_MESSAGE_BYTES = 64 << 20
+DEFAULT_CHUNK_BYTES = 4 << 20
+READ_CHUNK_BYTES = 4 << 20
+
+Progress = Callable[[int, int], None]
+"""A progress callback: ``progress(bytes_done, bytes_total)``."""
+
+_DTYPES: Dict[str, Tuple[int, np.dtype]] = {
+    "f32": (pb.DTYPE_F32, np.dtype("<f4")),
+    "f16": (pb.DTYPE_F16, np.dtype("<f2")),
+    "bf16": (pb.DTYPE_BF16, np.dtype("<u2")),
+    "f64": (pb.DTYPE_F64, np.dtype("<f8")),
+    "i32": (pb.DTYPE_I32, np.dtype("<i4")),
+    "i64": (pb.DTYPE_I64, np.dtype("<i8")),
+    "u8": (pb.DTYPE_U8, np.dtype("u1")),
+    "bool": (pb.DTYPE_BOOL, np.dtype("?")),
+}
+_BY_ENUM = {enum: (name, dt) for name, (enum, dt) in _DTYPES.items()}
+_BY_NUMPY = {np.dtype(dt).newbyteorder("=") if dt.byteorder == "<" else dt: name
+             for name, (_, dt) in _DTYPES.items() if name != "bf16"}
+
+
+def _dtype_name(array: np.ndarray, dtype: Optional[str]) -> str:
+    if dtype is not None:
+        if dtype not in _DTYPES:
+            raise errors.InvalidArgument(
+                f"unknown dtype {dtype!r}; one of {', '.join(_DTYPES)}")
+        if dtype == "bf16" and array.dtype.itemsize != 2:
+            raise errors.InvalidArgument(
+                "bf16 takes a 2-byte array (the bf16 bits as uint16, or an ml_dtypes "
+                f"bfloat16 array), not {array.dtype}")
+        return dtype
+    name = _BY_NUMPY.get(array.dtype.newbyteorder("="))
+    if name is None:
+        raise errors.InvalidArgument(
+            f"numpy dtype {array.dtype} has no Tessera dtype; pass dtype= or convert "
+            f"(supported: {', '.join(_DTYPES)})")
+    return name
+
+
+def _raise(error: grpc.RpcError) -> None:
+    raise errors.from_rpc_error(error) from None
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+def _attr(name: str, value: Any) -> pb.AttrValue:
+    v = pb.AttrValue()
+    if isinstance(value, (bool, np.bool_)):
+        v.b = bool(value)
+    elif isinstance(value, (int, np.integer)):
+        v.i = int(value)
+    elif isinstance(value, (float, np.floating)):
+        v.f = float(value)
+    elif isinstance(value, str):
+        v.s = value
+    elif isinstance(value, (list, tuple, np.ndarray)):
+        items = list(value)
+        if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items):
+            v.ints.values.extend(int(x) for x in items)
+        elif all(isinstance(x, (int, float, np.integer, np.floating)) for x in items):
+            v.floats.values.extend(float(x) for x in items)
+        else:
+            raise errors.InvalidArgument(f"attribute {name}: a list of ints or floats")
+    else:
+        raise errors.InvalidArgument(
+            f"attribute {name}: unsupported type {type(value).__name__}")
+    return v
+
+
+def _channel(addr: str, tls: bool, root_certificates: Optional[bytes],
+             private_key: Optional[bytes], certificate_chain: Optional[bytes],
+             max_message_bytes: int) -> grpc.Channel:
+    options = [
+        ("grpc.max_receive_message_length", -1),  # the server enforces its own limit
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+    if tls or root_certificates or certificate_chain:
+        creds = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
+        return grpc.secure_channel(addr, creds, options=options)
+    return grpc.insecure_channel(addr, options=options)
+
+
+class _Base:
+    def __init__(self, addr: Optional[str], token: Optional[str], tls: bool,
+                 root_certificates: Optional[bytes], private_key: Optional[bytes],
+                 certificate_chain: Optional[bytes], timeout: Optional[float],
+                 max_message_bytes: int) -> None:
+        self.addr = addr or os.environ.get("TESSERA_ADDR") or DEFAULT_ADDR
+        token = token if token is not None else os.environ.get("TESSERA_TOKEN")
+        self._metadata: Tuple[Tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ())
+        self.timeout = timeout
+        self.max_message_bytes = max_message_bytes
+        self._channel = _channel(self.addr, tls, root_certificates, private_key,
+                                 certificate_chain, max_message_bytes + (1 << 20))
+
+    def _call(self, method: Callable, request: Any, timeout: Optional[float] = None) -> Any:
+        try:
+            return method(request, metadata=self._metadata,
+                          timeout=timeout if timeout is not None else self.timeout)
+        except grpc.RpcError as e:
+            _raise(e)
+
+    def close(self) -> None:
+        """Closes the channel."""
+        self._channel.close()
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Tensor:
+    """A tensor on the server, named by its handle.
+
+    >>> t = client.put(np.arange(6, dtype=np.float32).reshape(2, 3))
+    >>> t.shape, t.dtype
+    ((2, 3), 'f32')
+    >>> t.numpy()
+    array([[0., 1., 2.], [3., 4., 5.]], dtype=float32)
+    """
+
+    def __init__(self, client: "Client", info: pb.TensorInfo) -> None:
+        self._client = client
+        self.info = info
+
+    @property
+    def handle(self) -> str:
+        return self.info.handle
+
+    @property
+    def dtype(self) -> str:
+        """The Tessera dtype name: f32, f16, bf16, f64, i32, i64, u8 or bool."""
+        return _BY_ENUM[self.info.dtype][0]
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(self.info.shape)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.info.size_bytes
+
+    def numpy(self, progress: Optional[Progress] = None) -> np.ndarray:
+        """Downloads the tensor (ReadTensor, chunked) as a numpy array. bf16 comes back as
+        uint16 holding the bf16 bits (``.view(ml_dtypes.bfloat16)`` if you have it)."""
+        return self._client._read(self.handle, progress)
+
+    def refresh(self) -> "Tensor":
+        """Re-reads the tensor's description (GetTensor)."""
+        self.info = self._client._call(self._client._stub.GetTensor,
+                                       pb.GetTensorRequest(handle=self.handle))
+        return self
+
+    def delete(self) -> int:
+        """Frees the tensor; returns the bytes returned to the quota."""
+        r = self._client._call(self._client._stub.DeleteTensor,
+                               pb.DeleteTensorRequest(handle=self.handle))
+        return r.released_bytes
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.handle!r}, dtype={self.dtype}, shape={self.shape})"
+
+
+Operand = Union[Tensor, str, np.ndarray]
+
+
+class Job:
+    """A launched kernel or program. ``state`` is one of QUEUED, RUNNING, SUCCEEDED,
+    FAILED, CANCELLED."""
+
+    def __init__(self, client: "Client", proto: pb.Job) -> None:
+        self._client = client
+        self.proto = proto
+
+    @property
+    def id(self) -> str:
+        return self.proto.job_id
+
+    @property
+    def state(self) -> str:
+        return pb.JobState.Name(self.proto.state).replace("JOB_STATE_", "")
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("SUCCEEDED", "FAILED", "CANCELLED")
+
+    @property
+    def outputs(self) -> List[Tensor]:
+        """The tensors the job writes or creates (a program: every step's, in order)."""
+        return [Tensor(self._client, info) for info in self.proto.outputs]
+
+    def wait(self, timeout: Optional[float] = None) -> "Job":
+        """Waits up to ``timeout`` seconds (None: until it finishes) and raises JobFailed,
+        Cancelled or DeadlineExceeded if it did not succeed."""
+        request = pb.WaitJobRequest(job_id=self.id)
+        if timeout is not None:
+            request.timeout.CopyFrom(_duration(timeout))
+        self.proto = self._client._call(self._client._stub.WaitJob, request,
+                                        timeout=None if timeout is None else timeout + 30)
+        if not self.done:
+            raise errors.DeadlineExceeded(
+                f"job {self.id} still {self.state} after {timeout} s")
+        return self.check()
+
+    def cancel(self) -> "Job":
+        """Cancels the job if it is still queued (a running job finishes)."""
+        self.proto = self._client._call(self._client._stub.CancelJob,
+                                        pb.CancelJobRequest(job_id=self.id))
+        return self
+
+    def check(self) -> "Job":
+        """Raises if the job ended FAILED or CANCELLED; returns self otherwise."""
+        if self.proto.state == pb.JOB_STATE_FAILED:
+            message = self.proto.error_message
+            m = re.search(r"\bstep (\d+)", message)
+            code = _code(self.proto.error_code)
+            raise errors.JobFailed(message, job_id=self.id,
+                                   step=int(m.group(1)) if m else None, code=code)
+        if self.proto.state == pb.JOB_STATE_CANCELLED:
+            code = _code(self.proto.error_code)
+            exc = errors.from_code(code or grpc.StatusCode.CANCELLED,
+                                   self.proto.error_message or "job cancelled")
+            raise exc
+        return self
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r}, {self.state})"
+
+
+def _code(value: int) -> Optional[grpc.StatusCode]:
+    for c in grpc.StatusCode:
+        if c.value[0] == value:
+            return c
+    return None
+
+
+class Kernel:
+    """A kernel from ListKernels: the catalog's or this tenant's own."""
+
+    def __init__(self, proto: pb.KernelInfo) -> None:
+        self.proto = proto
+        self.name = proto.name
+        self.description = proto.description
+        self.tenant_defined = proto.tenant_defined
+        self.source = proto.source
+        self.inputs = [p.name for p in proto.inputs]
+        self.outputs = [p.name for p in proto.outputs]
+        self.attrs = {a.name: a.type for a in proto.attrs}
+
+    @property
+    def signature(self) -> str:
+        """E.g. ``matmul(a: f32|f16, b: f32|f16) -> (c: f32|f16)``."""
+        def params(ps: Sequence[pb.KernelParam]) -> str:
+            return ", ".join(
+                f"{p.name}{'?' if p.optional else ''}: "
+                + "|".join(_BY_ENUM[d][0] for d in p.dtypes if d in _BY_ENUM) for p in ps)
+        args = [params(self.proto.inputs)] + [f"{a.name}: {a.type}" for a in self.proto.attrs]
+        return (f"{self.name}({', '.join(a for a in args if a)}) -> "
+                f"({params(self.proto.outputs)})")
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.signature})"
+
+
+class StepRef:
+    """An output of a program step, usable as an operand of a later step. After the
+    program has run, ``ref.tensor()`` is the tensor it produced."""
+
+    def __init__(self, program: "Program", step: int, output: int = 0) -> None:
+        self.program, self.step, self.output = program, step, output
+
+    def __getitem__(self, output: int) -> "StepRef":
+        return StepRef(self.program, self.step, output)
+
+    def tensor(self) -> Tensor:
+        return self.program.output(self)
+
+    def numpy(self) -> np.ndarray:
+        return self.tensor().numpy()
+
+
+class Program:
+    """Ordered launches on one stream, submitted as one job (Submit) when the ``with``
+    block ends.
+
+    >>> with client.program() as p:
+    ...     c = p.add("matmul", a, b)
+    ...     d = p.add("relu", c)
+    >>> d.numpy()
+    """
+
+    def __init__(self, client: "Client", stream: int, wait: bool,
+                 timeout: Optional[float]) -> None:
+        self._client = client
+        self.stream, self.wait, self.timeout = stream, wait, timeout
+        self.steps: List[pb.ProgramStep] = []
+        self._output_counts: List[int] = []
+        self.job: Optional[Job] = None
+
+    def add(self, kernel: str, *inputs: Union[Operand, StepRef], **attrs: Any) -> StepRef:
+        """Appends a step; returns a reference to its first output (``ref[i]``: i-th)."""
+        step = pb.ProgramStep(kernel=kernel)
+        for x in inputs:
+            if isinstance(x, StepRef):
+                step.inputs.add().step_output.CopyFrom(
+                    pb.StepOutput(step=x.step, output=x.output))
+            else:
+                step.inputs.add().handle = self._client._handle(x)
+        for k, v in attrs.items():
+            step.attrs[k].CopyFrom(_attr(k, v))
+        self.steps.append(step)
+        self._output_counts.append(self._client._output_count(kernel))
+        return StepRef(self, len(self.steps) - 1)
+
+    def submit(self) -> Job:
+        """Submits the program (the ``with`` block does this on exit)."""
+        request = pb.SubmitRequest(steps=self.steps, stream=self.stream, wait=self.wait)
+        self.job = Job(self._client, self._client._call(
+            self._client._stub.Submit, request, timeout=self.timeout))
+        if self.wait:
+            self.job.check()
+        return self.job
+
+    def output(self, ref: StepRef) -> Tensor:
+        if self.job is None:
+            raise errors.FailedPrecondition("the program has not been submitted")
+        if not self.job.done:
+            self.job.wait()
+        index = sum(self._output_counts[:ref.step]) + ref.output
+        return self.job.outputs[index]
+
+    def __enter__(self) -> "Program":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.submit()
+
+
+class Client(_Base):
+    """A tenant's connection to the Compute service.
+
+    ``addr`` defaults to $TESSERA_ADDR (else 127.0.0.1:50051), ``token`` to $TESSERA_TOKEN.
+    ``tls=True`` uses TLS with the system roots (or ``root_certificates`` PEM bytes;
+    ``private_key``/``certificate_chain`` for mutual TLS). ``timeout`` is the default
+    deadline of each call in seconds (None: none).
+
+    >>> with tessera.Client("127.0.0.1:50051", token=key) as client:
+    ...     t = client.put(np.zeros((4, 4), np.float16))
+    """
+
+    def __init__(self, addr: Optional[str] = None, token: Optional[str] = None,
+                 tls: bool = False, root_certificates: Optional[bytes] = None,
+                 private_key: Optional[bytes] = None,
+                 certificate_chain: Optional[bytes] = None, timeout: Optional[float] = None,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        super().__init__(addr, token, tls, root_certificates, private_key, certificate_chain,
+                         timeout, max_message_bytes)
+        self._stub = compute_pb2_grpc.ComputeStub(self._channel)
+        self._kernel_cache: Dict[str, Kernel] = {}
+
+    # ---- tensors ----------------------------------------------------------------------
+    def put(self, array: Any, dtype: Optional[str] = None,
+            chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+            progress: Optional[Progress] = None) -> Tensor:
+        """Uploads a numpy array as a new tensor.
+
+        Arrays up to ``chunk_bytes`` go in one CreateTensor; larger ones stream through
+        WriteTensor in ``chunk_bytes`` chunks, calling ``progress(done, total)`` after each.
+        ``dtype`` overrides the dtype inferred from the array: ``"bf16"`` takes a uint16 (or
+        ml_dtypes bfloat16) array holding the bf16 bit patterns.
+
+        >>> t = client.put(np.ones((1024, 1024), np.float32))
+        >>> h = client.put(bits.view(np.uint16), dtype="bf16")
+        """
+        array = np.asarray(array)
+        name = _dtype_name(array, dtype)
+        enum, wire = _DTYPES[name]
+        if name == "bf16":
+            array = array.view(np.uint16)
+        array = np.ascontiguousarray(array, dtype=wire)
+        spec = pb.TensorSpec(dtype=enum, shape=array.shape)
+        data = memoryview(array.reshape(-1).view(np.uint8))
+        total = len(data)
+        if chunk_bytes <= 0:
+            raise errors.InvalidArgument("chunk_bytes must be > 0")
+        if total <= chunk_bytes:
+            info = self._call(self._stub.CreateTensor,
+                              pb.CreateTensorRequest(spec=spec, data=data.tobytes()))
+            if progress:
+                progress(total, total)
+            return Tensor(self, info)
+
+        def requests() -> Iterator[pb.WriteTensorRequest]:
+            yield pb.WriteTensorRequest(header=pb.WriteHeader(create=spec))
+            for offset in range(0, total, chunk_bytes):
+                n = min(chunk_bytes, total - offset)
+                yield pb.WriteTensorRequest(
+                    chunk=pb.Chunk(offset=offset, data=data[offset:offset + n].tobytes()))
+                if progress:
+                    progress(offset + n, total)
+
+        return Tensor(self, self._call(self._stub.WriteTensor, requests()))
+
+    def tensor(self, handle: str) -> Tensor:
+        """The tensor with this handle (GetTensor; NotFound if it is not this tenant's)."""
+        return Tensor(self, self._call(self._stub.GetTensor, pb.GetTensorRequest(handle=handle)))
+
+    def tensors(self) -> List[Tensor]:
+        """All of this tenant's tensors."""
+        out: List[Tensor] = []
+        token = ""
+        while True:
+            r = self._call(self._stub.ListTensors,
+                           pb.ListTensorsRequest(page_size=1000, page_token=token))
+            out.extend(Tensor(self, info) for info in r.tensors)
+            token = r.next_page_token
+            if not token:
+                return out
+
+    def _read(self, handle: str, progress: Optional[Progress]) -> np.ndarray:
+        chunk = max(4096, min(READ_CHUNK_BYTES, self.max_message_bytes // 2))
+        request = pb.ReadTensorRequest(handle=handle, chunk_bytes=chunk)
+        buf: Optional[np.ndarray] = None
+        info: Optional[pb.TensorInfo] = None
+        done = 0
+        try:
+            for message in self._stub.ReadTensor(request, metadata=self._metadata,
+                                                 timeout=self.timeout):
+                if info is None:
+                    info = message.info
+                    buf = np.empty(info.size_bytes, np.uint8)
+                data = message.chunk.data
+                if message.chunk.offset != done:
+                    raise errors.DataLoss("ReadTensor returned chunks out of order")
+                buf[done:done + len(data)] = np.frombuffer(data, np.uint8)
+                done += len(data)
+                if progress:
+                    progress(done, info.size_bytes)
+        except grpc.RpcError as e:
+            _raise(e)
+        if info is None or buf is None:
+            raise errors.DataLoss("ReadTensor returned no messages")
+        if done != info.size_bytes:
+            raise errors.DataLoss(f"ReadTensor returned {done} of {info.size_bytes} bytes")
+        return buf.view(_BY_ENUM[info.dtype][1]).reshape(tuple(info.shape))
+
+    def _handle(self, x: Operand) -> str:
+        if isinstance(x, Tensor):
+            return x.handle
+        if isinstance(x, str):
+            return x
+        if isinstance(x, np.ndarray):
+            raise errors.InvalidArgument("pass a Tensor (client.put(array)), not an array")
+        raise errors.InvalidArgument(f"not a tensor: {type(x).__name__}")
+
+    # ---- kernels and jobs ---------------------------------------------------------------
+    def kernels(self) -> List[Kernel]:
+        """The catalog's kernels and this tenant's own, with signatures."""
+        r = self._call(self._stub.ListKernels, pb.ListKernelsRequest())
+        kernels = [Kernel(k) for k in r.kernels]
+        self._kernel_cache = {k.name: k for k in kernels}
+        return kernels
+
+    def _output_count(self, kernel: str) -> int:
+        if kernel not in self._kernel_cache:
+            self.kernels()
+        k = self._kernel_cache.get(kernel)
+        return len(k.outputs) if k else 1
+
+    def launch(self, kernel: str, *inputs: Operand, stream: int = 0, wait: bool = False,
+               timeout: Optional[float] = None, queue_timeout: Optional[float] = None,
+               **attrs: Any) -> Job:
+        """Enqueues a kernel and returns its Job (with ``wait``, once it has finished).
+        Outputs are new tensors with inferred dtype and shape."""
+        request = pb.LaunchRequest(kernel=kernel, inputs=[self._handle(x) for x in inputs],
+                                   stream=stream, wait=wait)
+        for k, v in attrs.items():
+            request.attrs[k].CopyFrom(_attr(k, v))
+        if queue_timeout is not None:
+            request.queue_timeout.CopyFrom(_duration(queue_timeout))
+        return Job(self, self._call(self._stub.Launch, request, timeout=timeout))
+
+    def run(self, kernel: str, *inputs: Operand, timeout: Optional[float] = None,
+            stream: int = 0, **attrs: Any) -> Union[Tensor, Tuple[Tensor, ...]]:
+        """Launches a kernel, waits, and returns its output Tensor (a tuple if it has
+        several). A failed job raises JobFailed with the server's message.
+
+        >>> c = client.run("matmul", a, b)
+        >>> s = client.run("sum", x, axes=[0], keepdims=True)
+        """
+        job = self.launch(kernel, *inputs, stream=stream, wait=True, timeout=timeout, **attrs)
+        if not job.done:
+            job.wait()
+        job.check()
+        outputs = job.outputs
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def program(self, stream: int = 0, wait: bool = True,
+                timeout: Optional[float] = None) -> Program:
+        """A program builder; submitted as one job when its ``with`` block ends."""
+        return Program(self, stream, wait, timeout)
+
+    def synchronize(self, stream: Optional[int] = None,
+                    timeout: Optional[float] = None) -> int:
+        """Waits for every job enqueued so far; returns how many finished meanwhile."""
+        request = pb.SynchronizeRequest()
+        if stream is not None:
+            request.stream = stream
+        return self._call(self._stub.Synchronize, request, timeout=timeout).jobs_completed
+
+    def define_kernel(self, source: str) -> Kernel:
+        """Defines a tenant kernel from its text (docs/kernels.md).
+
+        >>> client.define_kernel("kernel axpy(x: f32, y: f32) -> (z: f32) "
+        ...                      "{ z = 2.0 * x + y }")
+        """
+        k = Kernel(self._call(self._stub.DefineKernel, pb.DefineKernelRequest(source=source)))
+        self._kernel_cache.pop(k.name, None)
+        return k
+
+    def delete_kernel(self, name: str) -> None:
+        """Deletes one of this tenant's kernels."""
+        self._call(self._stub.DeleteKernel, pb.DeleteKernelRequest(name=name))
+        self._kernel_cache.pop(name, None)
+
+    def usage(self) -> pb.Usage:
+        """The tenant's memory and job counters (a tessera.v1.Usage message)."""
+        return self._call(self._stub.GetUsage, pb.GetUsageRequest())
+
+
+class Admin(_Base):
+    """The operator's connection to the TenantAdmin service (token: the admin token).
+    Returns the tessera.v1 protobuf messages.
+
+    >>> with tessera.Admin(addr, token=admin_token) as admin:
+    ...     tenant, key = admin.register("team-a", memory_bytes=1 << 30)
+    """
+
+    def __init__(self, addr: Optional[str] = None, token: Optional[str] = None,
+                 tls: bool = False, root_certificates: Optional[bytes] = None,
+                 private_key: Optional[bytes] = None,
+                 certificate_chain: Optional[bytes] = None,
+                 timeout: Optional[float] = None) -> None:
+        super().__init__(addr, token, tls, root_certificates, private_key, certificate_chain,
+                         timeout, MAX_MESSAGE_BYTES)
+        self._stub = tenant_admin_pb2_grpc.TenantAdminStub(self._channel)
+
+    def register(self, tenant_id: str, memory_bytes: int, display_name: str = "",
+                 labels: Optional[Mapping[str, str]] = None, compute_share_percent: int = 0,
+                 max_streams: int = 0, max_queued_jobs: int = 0,
+                 device_index: Optional[int] = None) -> Tuple[apb.Tenant, str]:
+        """Registers a tenant; returns (tenant, api_key). The key is shown only once."""
+        request = apb.RegisterTenantRequest(
+            tenant_id=tenant_id, display_name=display_name, labels=dict(labels or {}),
+            quota=apb.Quota(device_memory_bytes=memory_bytes,
+                            compute_share_percent=compute_share_percent,
+                            max_streams=max_streams, max_queued_jobs=max_queued_jobs))
+        if device_index is not None:
+            request.device_index = device_index
+        r = self._call(self._stub.RegisterTenant, request)
+        return r.tenant, r.api_key
+
+    def get(self, tenant_id: str) -> apb.Tenant:
+        return self._call(self._stub.GetTenant, apb.GetTenantRequest(tenant_id=tenant_id))
+
+    def list(self) -> List[apb.Tenant]:
+        """Every tenant, ordered by id."""
+        out: List[apb.Tenant] = []
+        token = ""
+        while True:
+            r = self._call(self._stub.ListTenants,
+                           apb.ListTenantsRequest(page_size=100, page_token=token))
+            out.extend(r.tenants)
+            token = r.next_page_token
+            if not token:
+                return out
+
+    def update(self, tenant_id: str, display_name: Optional[str] = None,
+               labels: Optional[Mapping[str, str]] = None) -> apb.Tenant:
+        """Changes display_name and/or labels (only those given)."""
+        tenant = apb.Tenant(tenant_id=tenant_id)
+        paths = []
+        if display_name is not None:
+            tenant.display_name = display_name
+            paths.append("display_name")
+        if labels is not None:
+            tenant.labels.update(labels)
+            paths.append("labels")
+        request = apb.UpdateTenantRequest(tenant=tenant,
+                                          update_mask=field_mask_pb2.FieldMask(paths=paths))
+        return self._call(self._stub.UpdateTenant, request)
+
+    def deregister(self, tenant_id: str) -> int:
+        """Removes a tenant; returns the memory bytes released."""
+        r = self._call(self._stub.DeregisterTenant,
+                       apb.DeregisterTenantRequest(tenant_id=tenant_id))
+        return r.released_memory_bytes
+
+    def rotate_key(self, tenant_id: str) -> str:
+        """Issues a new API key (the old one stops working at once); returns it."""
+        return self._call(self._stub.RotateTenantKey,
+                          apb.RotateTenantKeyRequest(tenant_id=tenant_id)).api_key
+
+    def server_info(self) -> apb.ServerInfo:
+        return self._call(self._stub.GetServerInfo, apb.GetServerInfoRequest())
+
+    def mps_status(self) -> apb.MpsStatus:
+        return self._call(self._stub.GetMpsStatus, apb.GetMpsStatusRequest())
+
+    def terminate_work(self, tenant_id: str) -> int:
+        """Cancels a tenant's queued jobs; returns how many."""
+        return self._call(self._stub.TerminateTenantWork,
+                          apb.TerminateTenantWorkRequest(tenant_id=tenant_id)).cancelled_jobs

@@ -1,0 +1,103 @@
+"""Fixtures: a real tessera-server on loopback with a temporary state directory."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from typing import Iterator, Tuple
+
+import pytest
+
+import tessera
+
+SERVER = os.environ.get("TESSERA_SERVER_BINARY") or os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "build", "server", "tessera-server")
+
+
+class Server:
+    def __init__(self) -> None:
+        if not os.access(SERVER, os.X_OK):
+            raise RuntimeError(f"tessera-server not found at {SERVER} "
+                               "(set TESSERA_SERVER_BINARY)")
+        self.state_dir = tempfile.mkdtemp(prefix="tessera-py-")
+        self.log_path = os.path.join(self.state_dir, "server.log")
+        self._log = open(self.log_path, "w+")
+        self.proc = subprocess.Popen(
+            [SERVER, "--listen=127.0.0.1:0", f"--state_dir={self.state_dir}",
+             "--backend=cpu", "--cpu_memory_bytes=2GiB"],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        self.addr = ""
+        while time.monotonic() < deadline:
+            with open(self.log_path) as f:
+                m = re.search(r"listening on (\S+)", f.read())
+            if m:
+                self.addr = m.group(1)
+                break
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        if not self.addr:
+            self.stop()
+            with open(self.log_path) as f:
+                raise RuntimeError("tessera-server did not start:\n" + f.read())
+        with open(os.path.join(self.state_dir, "admin.token")) as f:
+            self.admin_token = f.read().strip()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def admin(server: Server) -> Iterator[tessera.Admin]:
+    with tessera.Admin(server.addr, token=server.admin_token) as a:
+        yield a
+
+
+def _tenant(admin: tessera.Admin, memory: int) -> Tuple[str, str]:
+    tenant_id = "t-" + uuid.uuid4().hex[:10]
+    _, key = admin.register(tenant_id, memory_bytes=memory)
+    return tenant_id, key
+
+
+@pytest.fixture
+def tenant(admin: tessera.Admin) -> Iterator[Tuple[str, str]]:
+    """A fresh tenant with 256 MiB; (tenant_id, api_key)."""
+    tenant_id, key = _tenant(admin, 256 << 20)
+    yield tenant_id, key
+    admin.deregister(tenant_id)
+
+
+@pytest.fixture
+def client(server: Server, tenant: Tuple[str, str]) -> Iterator[tessera.Client]:
+    with tessera.Client(server.addr, token=tenant[1]) as c:
+        yield c
+
+
+@pytest.fixture
+def big_client(server: Server, admin: tessera.Admin) -> Iterator[tessera.Client]:
+    """A tenant with 1 GiB, for the 256 MiB round trip."""
+    tenant_id, key = _tenant(admin, 1 << 30)
+    with tessera.Client(server.addr, token=key) as c:
+        yield c
+    admin.deregister(tenant_id)
