@@ -64,6 +64,25 @@ struct Definition {
 /// nearest even).
 enum class Type : uint8_t { kBool, kI64, kF32, kF64 };
 
+/// The compute type an operand of `dtype` loads as (and the type its stores convert from).
+constexpr Type ComputeType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+      return Type::kF32;
+    case DType::kF64:
+      return Type::kF64;
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return Type::kI64;
+    case DType::kBool:
+      break;
+  }
+  return Type::kBool;
+}
+
 enum class NodeKind : uint8_t {
   kInput,    // `index`: input operand, loaded at the current element (broadcast)
   kParam,    // `index`: scalar parameter

@@ -24,7 +24,7 @@ namespace {
 
 using internal::Callee;
 using internal::Clip;
-using internal::ComputeType;
+
 using internal::FindFunction;
 using internal::Function;
 using internal::IsFloat;

@@ -128,7 +128,7 @@ absl::Status CheckNode(const Program& p, size_t i, Part part) {
       if (n.index < 0 || static_cast<size_t>(n.index) >= p.definition.inputs.size()) {
         return NodeError(p, i, "names no input");
       }
-      if (n.type != vm::ComputeTypeOf(p.definition.inputs[n.index].dtype)) {
+      if (n.type != ComputeType(p.definition.inputs[n.index].dtype)) {
         return NodeError(p, i, "has a type other than its input's compute type");
       }
       return absl::OkStatus();
@@ -345,8 +345,8 @@ BoundLoad Bind(DType dtype, const void* data, int32_t slot, std::vector<int64_t>
   l.data = static_cast<const char*>(data);
   l.element_bytes = static_cast<int64_t>(DTypeSize(dtype));
   l.compute_bytes = vm::WithType(
-      vm::ComputeTypeOf(dtype),
-      [](auto tag) { return int64_t{sizeof(typename decltype(tag)::type)}; }, int64_t{8});
+      ComputeType(dtype), [](auto tag) { return int64_t{sizeof(typename decltype(tag)::type)}; },
+      int64_t{8});
   l.in_place = vm::LoadsInPlace(dtype);
   l.slot = slot;
   if (std::all_of(strides.begin(), strides.end(), [](int64_t s) { return s == 0; })) {

@@ -80,25 +80,6 @@ R WithType(Type type, F&& f, R fallback) {
   return fallback;
 }
 
-/// The compute type a dtype loads as (ast.h).
-constexpr Type ComputeTypeOf(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16:
-      return Type::kF32;
-    case DType::kF64:
-      return Type::kF64;
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      return Type::kI64;
-    case DType::kBool:
-      break;
-  }
-  return Type::kBool;
-}
-
 // ---- instructions --------------------------------------------------------------------------
 
 /// What an instruction sees: the slots' current chunk pointers and the uniform leaf values
@@ -604,7 +585,7 @@ template <DType D>
 TESSERA_EXPR_LOOP void LoadRun(const void* base, int64_t offset, int64_t stride, void* dst,
                                int64_t n) {
   using E = cpu::Elem<D>;
-  using R = Reg<ComputeTypeOf(D)>;
+  using R = Reg<ComputeType(D)>;
   const typename E::Storage* __restrict s = static_cast<const typename E::Storage*>(base) + offset;
   R* __restrict d = static_cast<R*>(dst);
   if (stride == 1) {

@@ -39,25 +39,6 @@ const char* TypeName(Type t) {
   return "?";
 }
 
-// The type an input of `dtype` loads as (ast.h).
-Type LoadType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16:
-      return Type::kF32;
-    case DType::kF64:
-      return Type::kF64;
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      return Type::kI64;
-    case DType::kBool:
-      return Type::kBool;
-  }
-  return Type::kF32;
-}
-
 // The storage type of `dtype` in generated code.
 const char* StorageName(DType dtype) {
   switch (dtype) {
@@ -384,7 +365,7 @@ class Emitter {
     switch (n.kind) {
       case NodeKind::kInput:
         return Convert(absl::StrCat("in", n.index),
-                       LoadType(d_.inputs[static_cast<size_t>(n.index)].dtype), n.type);
+                       ComputeType(d_.inputs[static_cast<size_t>(n.index)].dtype), n.type);
       case NodeKind::kParam: {
         const bool is_float = d_.params[static_cast<size_t>(n.index)].kind == ScalarKind::kFloat;
         const std::string raw = absl::StrCat("p.param[", n.index, "]");
@@ -526,7 +507,7 @@ void LoadInputs(const Program& program, const std::vector<int>& inputs, const st
                 std::string& out) {
   for (int k : inputs) {
     const DType dtype = program.definition.inputs[static_cast<size_t>(k)].dtype;
-    absl::StrAppend(&out, indent, "const ", TypeName(LoadType(dtype)), " in", k, " = ",
+    absl::StrAppend(&out, indent, "const ", TypeName(ComputeType(dtype)), " in", k, " = ",
                     LoadValue(k, dtype, absl::StrCat("o", k)), ";\n");
   }
 }

@@ -169,24 +169,6 @@ absl::string_view TypeName(Type type) {
   return "?";
 }
 
-Type ComputeType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16:
-      return Type::kF32;
-    case DType::kF64:
-      return Type::kF64;
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      return Type::kI64;
-    case DType::kBool:
-      return Type::kBool;
-  }
-  return Type::kF32;
-}
-
 const std::vector<std::string>& FunctionNames() {
   static const std::vector<std::string>* const names = [] {
     auto* v = new std::vector<std::string>;

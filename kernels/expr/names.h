@@ -50,8 +50,6 @@ std::string Suggest(absl::string_view name, const std::vector<std::string>& cand
 
 absl::string_view TypeName(Type type);
 inline bool IsFloat(Type type) { return type == Type::kF32 || type == Type::kF64; }
-/// The type a dtype loads as (ast.h, Type).
-Type ComputeType(DType dtype);
 
 /// The signature's rules (compile.h): counts within the limits, valid and distinct names,
 /// known dtypes, ranks -1..kMaxRank, finite defaults (integers for int parameters).

@@ -42,24 +42,6 @@ bool IsFloatType(Type t) { return t == Type::kF32 || t == Type::kF64; }
 
 }  // namespace
 
-Type LoadType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16:
-      return Type::kF32;
-    case DType::kF64:
-      return Type::kF64;
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      return Type::kI64;
-    case DType::kBool:
-      return Type::kBool;
-  }
-  return Type::kF32;
-}
-
 // ---- ProgramBuilder -------------------------------------------------------------------------
 
 int ProgramBuilder::AddInput(const std::string& name, DType dtype, int rank) {
@@ -86,7 +68,7 @@ int32_t ProgramBuilder::Add(Node node) {
 int32_t ProgramBuilder::Input(int input) {
   Node n;
   n.kind = NodeKind::kInput;
-  n.type = LoadType(program_.definition.inputs[static_cast<size_t>(input)].dtype);
+  n.type = kernels::expr::ComputeType(program_.definition.inputs[static_cast<size_t>(input)].dtype);
   n.index = input;
   return Add(n);
 }

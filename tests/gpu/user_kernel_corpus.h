@@ -58,9 +58,6 @@ class ProgramBuilder {
   kernels::expr::Program program_;
 };
 
-/// The compute type of an input of `dtype` (ast.h).
-kernels::expr::Type LoadType(kernels::DType dtype);
-
 /// A program with launch arguments: what a test runs.
 struct UserCase {
   std::string description;

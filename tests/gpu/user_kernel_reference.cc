@@ -88,7 +88,7 @@ Value Convert(const Value& v, Type to) {
 Value Load(const HostTensor& t, int64_t offset) {
   const uint8_t* p =
       t.bytes.data() + offset * static_cast<int64_t>(kernels::DTypeSize(t.meta.dtype));
-  Value v = Make(LoadType(t.meta.dtype));
+  Value v = Make(kernels::expr::ComputeType(t.meta.dtype));
   switch (t.meta.dtype) {
     case DType::kF32:
       std::memcpy(&v.f, p, 4);

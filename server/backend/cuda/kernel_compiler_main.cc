@@ -11,10 +11,13 @@
 #include <unistd.h>
 
 #include "server/backend/cuda/nvrtc_library.h"
+#include "server/common/fd_io.h"
 
 namespace {
 
 using namespace tessera::cuda;  // NOLINT: a small program
+using tessera::ReadAll;
+using tessera::WriteAll;
 
 int Usage() {
   std::fputs(
@@ -22,32 +25,6 @@ int Usage() {
       "       tessera-kernel-compiler --gpu-architecture=sm_XY [--name=NAME] < source.cu > image\n",
       stderr);
   return kCompilerUsage;
-}
-
-bool ReadAll(int fd, std::string* out) {
-  char buffer[65536];
-  for (;;) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n == 0) return true;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    out->append(buffer, static_cast<size_t>(n));
-  }
-}
-
-bool WriteAll(int fd, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    done += static_cast<size_t>(n);
-  }
-  return true;
 }
 
 }  // namespace

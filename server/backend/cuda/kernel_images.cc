@@ -14,6 +14,8 @@
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
+#include "server/common/fd_io.h"
+
 namespace tessera::cuda {
 namespace {
 
@@ -38,32 +40,6 @@ std::string Sha256(const std::string& data) {
     hex += kHex[digest[i] & 15];
   }
   return hex;
-}
-
-bool ReadWhole(int fd, std::string* out) {
-  char buffer[65536];
-  for (;;) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n == 0) return true;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    out->append(buffer, static_cast<size_t>(n));
-  }
-}
-
-bool WriteWhole(int fd, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    done += static_cast<size_t>(n);
-  }
-  return true;
 }
 
 // Makes `dir` an owner-only directory of ours; false (with the reason) when it cannot be.
@@ -284,7 +260,7 @@ KernelImage KernelImages::ReadFile(const std::string& path, const std::string& k
   std::string problem;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxFileBytes) {
     problem = "not a regular file of a sensible size";
-  } else if (!ReadWhole(fd, &text)) {
+  } else if (!ReadAll(fd, &text)) {
     problem = absl::StrCat("read: ", std::strerror(errno));
   }
   close(fd);
@@ -338,7 +314,7 @@ void KernelImages::WriteFile(const std::string& path, const std::string& key,
   const std::string header = absl::StrCat(kFileMagic, "key ", key, "\nsize ", image.size(),
                                           "\nsha256 ", Sha256(image), "\n\n");
   // 0600 whatever the umask; the rename publishes only a complete file.
-  const bool ok = fchmod(fd, 0600) == 0 && WriteWhole(fd, header) && WriteWhole(fd, image);
+  const bool ok = fchmod(fd, 0600) == 0 && WriteAll(fd, header) && WriteAll(fd, image);
   const int error = errno;
   close(fd);
   if (!ok || rename(temporary.c_str(), path.c_str()) != 0) {

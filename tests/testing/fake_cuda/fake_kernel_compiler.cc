@@ -35,40 +35,17 @@
 #include <unistd.h>
 
 #include "server/backend/cuda/nvrtc_library.h"
+#include "server/common/fd_io.h"
 
 extern char** environ;
 
 namespace {
 
 using namespace tessera::cuda;  // NOLINT: a small program
+using tessera::ReadAll;
+using tessera::WriteAll;
 
 constexpr char kMagic[] = "TESSERA-FAKE-HOST-MODULE\n";
-
-bool ReadAll(int fd, std::string* out) {
-  char buffer[65536];
-  for (;;) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n == 0) return true;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    out->append(buffer, static_cast<size_t>(n));
-  }
-}
-
-bool WriteAll(int fd, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
 
 std::string FileText(const char* path) {
   std::ifstream in(path, std::ios::binary);

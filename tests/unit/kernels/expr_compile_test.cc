@@ -111,24 +111,6 @@ std::string Render(const Program& p, int32_t index) {
 
 std::string Result(const Program& p, size_t output = 0) { return Render(p, p.results.at(output)); }
 
-Type ComputeTypeOf(DType d) {
-  switch (d) {
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16:
-      return Type::kF32;
-    case DType::kF64:
-      return Type::kF64;
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      return Type::kI64;
-    case DType::kBool:
-      return Type::kBool;
-  }
-  return Type::kF32;
-}
-
 // The contract of ast.h and docs/kernels.md ("The checked program"), node by node.
 void ExpectWellFormed(const Program& p) {
   const Definition& d = p.definition;
@@ -146,7 +128,7 @@ void ExpectWellFormed(const Program& p) {
       case NodeKind::kInput:
         EXPECT_FALSE(post) << "an input after the reduction";
         ASSERT_LT(n.index, static_cast<int32_t>(d.inputs.size()));
-        EXPECT_EQ(n.type, ComputeTypeOf(d.inputs[n.index].dtype));
+        EXPECT_EQ(n.type, ComputeType(d.inputs[n.index].dtype));
         EXPECT_TRUE(n.args.empty());
         break;
       case NodeKind::kParam:

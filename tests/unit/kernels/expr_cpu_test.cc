@@ -41,21 +41,6 @@ constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-Type ComputeType(DType d) {
-  switch (d) {
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16:
-      return Type::kF32;
-    case DType::kF64:
-      return Type::kF64;
-    case DType::kBool:
-      return Type::kBool;
-    default:
-      return Type::kI64;
-  }
-}
-
 bool IsFloat(Type t) { return t == Type::kF32 || t == Type::kF64; }
 
 const char* TypeName(Type t) {
