@@ -1,12 +1,14 @@
-"""256 MiB f32 upload + download: the Python client vs the C++ client (`tessera` CLI).
+"""256 MiB f32 upload + download: the Python client vs the C++ client library.
 
 Usage (from the repository root, after `cmake --build build`):
 
     PYTHONPATH=client/python:build/client/python/gen \\
         /usr/bin/python3 client/python/benchmarks/transfer_bench.py [--reps 5]
 
-Starts its own tessera-server (CPU backend) on a free loopback port. The CLI reads and
-writes the .npy on /dev/shm (tmpfs) so no disk is timed; its figures include process start.
+Starts its own tessera-server (CPU backend) on a free loopback port. The C++ baseline is
+`tessera_transfer_bench` (tests/bench/transfer_bench.cc): tessera::Client::Upload and Download
+timed in process, with the same 4 MiB chunks, against the same server. The `tessera` CLI is
+timed too (process start, .npy on /dev/shm, progress bar), for context only.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ import tessera  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 CLI = os.environ.get("TESSERA_CLI") or os.path.join(ROOT, "build", "client", "tessera")
+CPP_BENCH = os.environ.get("TESSERA_TRANSFER_BENCH") or os.path.join(
+    ROOT, "build", "tests", "bench", "tessera_transfer_bench")
 MIB = 1 << 20
 
 
@@ -53,6 +57,10 @@ def main() -> None:
                 py_up.append(t1 - t0)
                 py_down.append(t2 - t1)
         env = dict(os.environ, TESSERA_ADDR=server.addr, TESSERA_TOKEN=key)
+        out = subprocess.run([CPP_BENCH, str(args.mib), str(args.reps), "4096"], env=env,
+                             check=True, capture_output=True, text=True).stdout
+        cpp = [tuple(float(x) for x in line.split()) for line in out.splitlines()]
+        cpp_up, cpp_down = [u for u, _ in cpp], [d for _, d in cpp]
         cli_up, cli_down = [], []
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         with tempfile.TemporaryDirectory(dir=shm) as tmp:
@@ -81,14 +89,18 @@ def main() -> None:
     print(f"| Client | Upload (median of {args.reps}) | Download | Round trip |")
     print("|---|---|---|---|")
     for name, up, down in (("Python (tessera package)", py_up, py_down),
-                           ("C++ (`tessera tensor put/get`)", cli_up, cli_down)):
+                           ("C++ (tessera::Client, in process)", cpp_up, cpp_down),
+                           ("CLI (`tessera tensor put/get`)", cli_up, cli_down)):
         rt = [u + d for u, d in zip(up, down)]
         print(f"| {name} | {statistics.median(up) * 1e3:.0f} ms ({gbs(up):.2f} GB/s) | "
               f"{statistics.median(down) * 1e3:.0f} ms ({gbs(down):.2f} GB/s) | "
               f"{statistics.median(rt) * 1e3:.0f} ms ({gbs(rt) * 2:.2f} GB/s) |")
-    ratio = (statistics.median([u + d for u, d in zip(cli_up, cli_down)])
-             / statistics.median([u + d for u, d in zip(py_up, py_down)]))
-    print(f"\nPython / C++ round-trip throughput: {ratio:.2f}x")
+    def ratio(cpp: list, py: list) -> float:
+        return statistics.median(cpp) / statistics.median(py)
+
+    print(f"\nPython / C++ throughput: upload {ratio(cpp_up, py_up):.2f}x, "
+          f"download {ratio(cpp_down, py_down):.2f}x, round trip "
+          f"{ratio([u + d for u, d in zip(cpp_up, cpp_down)], [u + d for u, d in zip(py_up, py_down)]):.2f}x")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from typing import Iterator, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -19,18 +19,32 @@ SERVER = os.environ.get("TESSERA_SERVER_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "..", "build", "server", "tessera-server")
 
 
+# The fake CUDA driver's directory (tests/testing/fake_cuda), set by ctest when the CUDA module
+# is built: a server started with backend="cuda" runs the module's real code on it.
+FAKE_CUDA_DIR = os.environ.get("TESSERA_FAKE_CUDA_DIR", "")
+
+
 class Server:
-    def __init__(self) -> None:
+    """A tessera-server on 127.0.0.1 (a free port) with a temporary state directory."""
+
+    def __init__(self, backend: str = "cpu", args: Optional[List[str]] = None,
+                 env: Optional[Dict[str, str]] = None) -> None:
         if not os.access(SERVER, os.X_OK):
             raise RuntimeError(f"tessera-server not found at {SERVER} "
                                "(set TESSERA_SERVER_BINARY)")
         self.state_dir = tempfile.mkdtemp(prefix="tessera-py-")
         self.log_path = os.path.join(self.state_dir, "server.log")
         self._log = open(self.log_path, "w+")
-        self.proc = subprocess.Popen(
-            [SERVER, "--listen=127.0.0.1:0", f"--state_dir={self.state_dir}",
-             "--backend=cpu", "--cpu_memory_bytes=2GiB"],
-            stdout=self._log, stderr=subprocess.STDOUT)
+        argv = [SERVER, "--listen=127.0.0.1:0", f"--state_dir={self.state_dir}"]
+        server_env = dict(os.environ)
+        if backend == "cuda":
+            argv += ["--backend=cuda", "--mps=off"]
+            server_env["LD_LIBRARY_PATH"] = FAKE_CUDA_DIR
+        else:
+            argv += ["--backend=cpu", "--cpu_memory_bytes=2GiB"]
+        server_env.update(env or {})
+        self.proc = subprocess.Popen(argv + (args or []), env=server_env,
+                                     stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         self.addr = ""
         while time.monotonic() < deadline:
