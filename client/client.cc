@@ -17,6 +17,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
   return buffer.str();
 }
 
+// The server's limit on CreateTensorRequest.data (docs/api.md, "Bad requests"): larger
+// data is refused here, before it is sent, with the same advice the server would give.
+constexpr size_t kMaxCreateTensorDataBytes = size_t{16} << 20;
+
 // Calls a unary stub method with a fresh context and maps the status.
 template <typename Response, typename Call>
 absl::StatusOr<Response> Unary(const Client& client, Call call) {
@@ -169,6 +173,11 @@ absl::StatusOr<v1::TerminateTenantWorkResponse> Client::TerminateTenantWork(
 
 absl::StatusOr<v1::TensorInfo> Client::CreateTensor(const v1::TensorSpec& spec,
                                                     absl::string_view data) {
+  if (data.size() > kMaxCreateTensorDataBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data is ", data.size(), " bytes; CreateTensor takes at most ", kMaxCreateTensorDataBytes,
+        " bytes (16 MiB) inline: use Client::Upload, which streams it with WriteTensor"));
+  }
   v1::CreateTensorRequest request;
   *request.mutable_spec() = spec;
   request.set_data(std::string(data));

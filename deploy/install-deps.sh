@@ -9,8 +9,10 @@ packages=(
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libsqlite3-dev libssl-dev libeigen3-dev libopenblas-dev
-  # tests (systemd-analyze and yamllint check deploy/)
-  libgtest-dev libgmock-dev openssl systemd yamllint
+  prometheus-cpp-dev libcli11-dev
+  # tests (systemd-analyze and yamllint check deploy/; promtool checks a live /metrics scrape
+  # and curl scrapes it over mutual TLS; clang builds the libFuzzer targets)
+  libgtest-dev libgmock-dev openssl curl systemd yamllint prometheus clang libclang-rt-dev
   # the Python client (client/python) and its tests
   python3-grpcio python3-protobuf python3-numpy python3-pytest
 )
@@ -18,6 +20,10 @@ packages=(
 if [[ ${1:-} == --bench ]]; then
   packages+=(gnuplot-nox)
 fi
+# npm installs buf for the proto contract check (tests/api/check_proto.sh). Debian's nodejs
+# and npm only when no npm is on PATH: a NodeSource nodejs ships its own npm, and Debian's npm
+# package conflicts with it.
+command -v npm >/dev/null || packages+=(nodejs npm)
 
 missing=()
 for p in "${packages[@]}"; do

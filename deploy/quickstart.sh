@@ -2,25 +2,33 @@
 # The README's two commands. Both install missing Debian packages and build first.
 #   deploy/quickstart.sh serve [server flags...]   serve on 127.0.0.1:50051, state in ./var
 #   deploy/quickstart.sh test  [ctest args...]     run the whole test suite
-# $TESSERA_CUDA (AUTO by default) is passed to CMake: CI sets ON (.ci/run), so that a machine
-# without the CUDA toolkit fails instead of building and testing everything but the CUDA parts.
+# $TESSERA_PRESET (default: default) is the CMake preset (CMakePresets.json) to build and test:
+# CI sets ci, a Release build in build-ci (.ci/run). $TESSERA_CUDA, when set, is passed to CMake
+# (AUTO when neither it nor the preset says): CI sets ON, so that a machine without the CUDA
+# toolkit fails instead of building and testing everything but the CUDA parts.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
+preset=${TESSERA_PRESET:-default}
+build_dir=$root/build  # every other preset builds in build-<name>
+[[ $preset == default ]] || build_dir=$root/build-$preset
+cuda=()
+[[ -n ${TESSERA_CUDA:-} ]] && cuda=(-DTESSERA_CUDA="$TESSERA_CUDA")
+
 "$root/deploy/install-deps.sh"
 jobs=$(nproc)
-cmake --preset default --log-level=WARNING -DTESSERA_CUDA="${TESSERA_CUDA:-AUTO}" >/dev/null
-cmake --build --preset default -j "$jobs"
+cmake --preset "$preset" --log-level=WARNING "${cuda[@]}" >/dev/null
+cmake --build --preset "$preset" -j "$jobs"
 
 case "${1:-}" in
   serve)
     shift
-    exec "$root/build/server/tessera-server" "$@"
+    exec "$build_dir/server/tessera-server" "$@"
     ;;
   test)
     shift
-    exec ctest --preset default -j "$jobs" "$@"
+    exec ctest --preset "$preset" -j "$jobs" "$@"
     ;;
   *)
     echo "usage: $0 serve [flags] | test [ctest args]" >&2

@@ -91,7 +91,9 @@ Result InferBinary(const Metas& in, const Attrs&, const OutputHints&) {
 }
 
 Result InferFill(const Metas&, const Attrs& attrs, const OutputHints& hints) {
-  std::optional<TensorMeta> hint = hints.empty() ? std::nullopt : hints[0];
+  // A pointer to the hint, not a copy: copying a std::optional<TensorMeta> out of a ternary
+  // made GCC 12 -O3 report its disengaged payload as maybe-uninitialized.
+  const TensorMeta* hint = !hints.empty() && hints[0] ? &*hints[0] : nullptr;
   TensorMeta out;
   if (HasAttr(attrs, "dtype")) {
     std::optional<DType> d = DTypeFromName(AttrString(attrs, "dtype"));

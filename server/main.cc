@@ -1,8 +1,11 @@
 // tessera-server: serves the Tessera gRPC API. See README.md for the flags.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <set>
 #include <string>
+#include <vector>
 
 #include <fcntl.h>
 #include <malloc.h>
@@ -12,10 +15,15 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "grpc/support/log.h"
 #include "spdlog/spdlog.h"
 
 #include "server/common/byte_size.h"
@@ -34,7 +42,23 @@ ABSL_FLAG(std::string, health_listen, "",
           "host:port serving only grpc.health.v1 in plaintext, with the main port's status (for "
           "probes that cannot do TLS, such as the kubelet's gRPC probe); empty: off");
 ABSL_FLAG(std::string, metrics_listen, "",
-          "host:port for Prometheus metrics over HTTP (GET /metrics); empty: off");
+          "HOST:PORT, [IPV6]:PORT or :PORT (loopback) for Prometheus metrics (GET /metrics); "
+          "a non-loopback address needs --metrics_token_file or --metrics_tls_client_ca; "
+          "empty: off");
+ABSL_FLAG(std::string, metrics_token_file, "",
+          "File with the bearer token every scrape must send (Authorization: Bearer TOKEN)");
+ABSL_FLAG(std::string, metrics_tls_cert, "",
+          "PEM certificate: serve /metrics over HTTPS (with --metrics_tls_key)");
+ABSL_FLAG(std::string, metrics_tls_key, "", "PEM private key for --metrics_tls_cert");
+ABSL_FLAG(std::string, metrics_tls_client_ca, "",
+          "PEM CA bundle: scrapes must present a client certificate it signed");
+ABSL_FLAG(std::string, metrics_tenant_label, "id",
+          "How tenants appear in metric labels: id, hash (first 12 hex digits of SHA-256) or "
+          "none (per-tenant series summed)");
+ABSL_FLAG(std::string, access_log, "all",
+          "Access log, one line per RPC: all, errors (calls not OK) or off");
+ABSL_FLAG(uint32_t, access_log_sample, 1,
+          "Log one in N successful calls of each method (failures always); 1: every call");
 ABSL_FLAG(bool, mps_manage, false,
           "Start (or find) one MPS control daemon for this server's GPUs before the CUDA driver "
           "initializes, and join it; a daemon started here is quit at shutdown once no other "
@@ -139,8 +163,158 @@ int WaitForShutdownSignal() {
 }
 
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "tessera-server: %s\n", std::string(status.message()).c_str());
+  if (tessera::LogIsJson()) {  // stdout stays one JSON object per line
+    tessera::LogEvent(
+        spdlog::level::critical, "start-up failed",
+        {{"error", status.message()}, {"code", absl::StatusCodeToString(status.code())}});
+    spdlog::default_logger()->flush();
+  } else {
+    std::fprintf(stderr, "tessera-server: %s\n", std::string(status.message()).c_str());
+  }
   return absl::IsInvalidArgument(status) ? 2 : 1;
+}
+
+// gRPC's own log lines (gpr_log) go through our logger, in our format.
+void LogFromGrpc(gpr_log_func_args* args) {
+  spdlog::level::level_enum level = args->severity == GPR_LOG_SEVERITY_ERROR ? spdlog::level::err
+                                    : args->severity == GPR_LOG_SEVERITY_INFO
+                                        ? spdlog::level::info
+                                        : spdlog::level::debug;
+  tessera::LogEvent(level, args->message != nullptr ? args->message : "",
+                    {{"source", "grpc"},
+                     {"file", args->file != nullptr ? args->file : ""},
+                     {"line", static_cast<int64_t>(args->line)}});
+}
+
+// ---- --help and --version ----------------------------------------------------------------------
+
+constexpr char kUsage[] =
+    "Serves the Tessera multi-tenant GPU API (gRPC: TenantAdmin, Compute, health, reflection).\n"
+    "\n"
+    "Usage: tessera-server [--listen=HOST:PORT] [--state_dir=DIR] [--backend=auto|cpu|cuda] "
+    "[FLAGS]";
+
+// The flags of this file by topic, in the order --help lists them. A flag missing here is
+// listed under "Other", so --help never leaves one out.
+struct FlagTopic {
+  const char* title;
+  std::vector<const char*> flags;
+};
+const std::vector<FlagTopic>& FlagTopics() {
+  static const std::vector<FlagTopic> topics = {
+      {"Serving",
+       {"listen", "state_dir", "admin_token_file", "health_listen", "max_message_bytes",
+        "shutdown_grace", "drain_timeout"}},
+      {"TLS", {"tls_cert", "tls_key", "tls_client_ca"}},
+      {"Backend and admission",
+       {"backend", "cpu_memory_bytes", "cpu_threads", "memory_overcommit", "device_in_flight",
+        "max_kernels_per_tenant"}},
+      {"MPS", {"mps", "mps_manage", "mps_base_dir", "mps_control", "mps_timeout"}},
+      {"Metrics",
+       {"metrics_listen", "metrics_token_file", "metrics_tls_cert", "metrics_tls_key",
+        "metrics_tls_client_ca", "metrics_tenant_label"}},
+      {"Logging", {"log_format", "log_level", "access_log", "access_log_sample"}},
+      {"Debugging", {"deadlock_detection"}},
+  };
+  return topics;
+}
+
+bool IsThisFile(absl::string_view filename) { return absl::EndsWith(filename, "server/main.cc"); }
+
+// `text` wrapped at 96 columns, each line indented by `indent` spaces.
+std::string Wrapped(absl::string_view text, size_t indent) {
+  std::string out(indent, ' ');
+  size_t column = indent;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (column > indent && column + 1 + word.size() > 96) {
+      absl::StrAppend(&out, "\n", std::string(indent, ' '));
+      column = indent;
+    } else if (column > indent) {
+      out.push_back(' ');
+      ++column;
+    }
+    absl::StrAppend(&out, word);
+    column += word.size();
+  }
+  return out;
+}
+
+std::string FlagHelp(const absl::CommandLineFlag& flag) {
+  const std::string default_value = flag.DefaultValue();
+  return absl::StrCat("  --", flag.Name(),
+                      " (default: ", default_value.empty() ? "\"\"" : default_value, ")\n",
+                      Wrapped(flag.Help(), 6), "\n");
+}
+
+// Every flag of tessera-server by topic with its default (absl's own --help groups flags by
+// source file, and all of them are in this one).
+std::string ServerHelp() {
+  std::string out = absl::StrCat(kUsage, "\n");
+  std::set<std::string> listed;
+  for (const FlagTopic& topic : FlagTopics()) {
+    absl::StrAppend(&out, "\n", topic.title, ":\n");
+    for (const char* name : topic.flags) {
+      const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+      if (flag == nullptr) continue;
+      absl::StrAppend(&out, FlagHelp(*flag));
+      listed.insert(name);
+    }
+  }
+  std::vector<const absl::CommandLineFlag*> others;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (IsThisFile(flag->Filename()) && !listed.contains(std::string(name))) {
+      others.push_back(flag);
+    }
+  }
+  std::sort(others.begin(), others.end(),
+            [](const auto* a, const auto* b) { return a->Name() < b->Name(); });
+  if (!others.empty()) absl::StrAppend(&out, "\nOther:\n");
+  for (const absl::CommandLineFlag* flag : others) absl::StrAppend(&out, FlagHelp(*flag));
+  absl::StrAppend(&out,
+                  "\nSizes: a number of bytes, or KiB, MiB, GiB, TiB (powers of 1024; here K, M, "
+                  "G, T mean the same).\nDurations: ms, s, m, h (e.g. 30s, 1m30s).\n"
+                  "--version prints the version and build; --helpfull also lists the flags of "
+                  "the libraries.\n"
+                  "README.md and docs/operations.md describe deployment.\n");
+  return out;
+}
+
+std::string ServerVersion() {
+  const tessera::BuildInfo build = tessera::TesseraBuild();
+  return absl::StrCat("tessera-server ", build.version, "\n", "build type:   ", build.build_type,
+                      "\n", "git revision: ", build.git_revision, "\n", "CUDA toolkit: ",
+                      build.cuda_toolkit.empty()
+                          ? "none (built without the CUDA module)"
+                          : absl::StrCat(build.cuda_toolkit, " (the CUDA module)"),
+                      "\n");
+}
+
+// absl prints these for --helpshort, --helpfull and --version; --help (and -h) print
+// ServerHelp and exit 0 before absl parses (its --help exits 1).
+void ConfigureUsage() {
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = IsThisFile;
+  config.contains_helpshort_flags = IsThisFile;
+  config.contains_helppackage_flags = IsThisFile;
+  config.version_string = ServerVersion;
+  config.normalize_filename = [](absl::string_view filename) {
+    const size_t at = filename.rfind("server/");
+    return std::string(at == absl::string_view::npos ? filename : filename.substr(at));
+  };
+  absl::SetFlagsUsageConfig(config);
+  absl::SetProgramUsageMessage(kUsage);
+}
+
+bool AsksForHelp(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") return false;
+    if (arg == "--help" || arg == "-help" || arg == "-h" || arg == "--helpshort" ||
+        arg == "-helpshort") {
+      return true;
+    }
+  }
+  return false;
 }
 
 std::string GrpcurlHost(const std::string& listen, int port) {
@@ -158,9 +332,11 @@ int main(int argc, char** argv) {
   // (server/backend/cpu), so keeping message-sized blocks on the heap costs little.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 128 << 20);
-  absl::SetProgramUsageMessage(
-      "Serves the Tessera multi-tenant GPU API.\n  tessera-server [--listen=127.0.0.1:50051] "
-      "[--state_dir=./var] [--backend=auto|cpu|cuda] ...");
+  ConfigureUsage();
+  if (AsksForHelp(argc, argv)) {
+    std::cout << ServerHelp();
+    return 0;
+  }
   absl::ParseCommandLine(argc, argv);
   // Debian builds Abseil without NDEBUG, which leaves Mutex deadlock detection on: a global
   // lock-order graph updated on every lock. The flag decides, before any thread starts.
@@ -186,6 +362,11 @@ int main(int argc, char** argv) {
     return Fail(s);
   }
 
+  gpr_set_log_function(LogFromGrpc);
+  // protobuf's complaints about requests (invalid UTF-8 in a string field: one per request)
+  // go through our logger too, at most 10 lines a second.
+  tessera::RouteProtobufLogging(10);
+
   tessera::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
@@ -193,7 +374,14 @@ int main(int argc, char** argv) {
   if (const char* env = std::getenv("TESSERA_ADMIN_TOKEN")) options.admin_token_env = env;
   options.backend.backend = absl::GetFlag(FLAGS_backend);
   options.backend.mps = absl::GetFlag(FLAGS_mps);
-  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.metrics = {.listen = absl::GetFlag(FLAGS_metrics_listen),
+                     .token_file = absl::GetFlag(FLAGS_metrics_token_file),
+                     .tls_cert = absl::GetFlag(FLAGS_metrics_tls_cert),
+                     .tls_key = absl::GetFlag(FLAGS_metrics_tls_key),
+                     .tls_client_ca = absl::GetFlag(FLAGS_metrics_tls_client_ca)};
+  options.metrics_tenant_label = absl::GetFlag(FLAGS_metrics_tenant_label);
+  options.access_log = {.mode = absl::GetFlag(FLAGS_access_log),
+                        .sample = absl::GetFlag(FLAGS_access_log_sample)};
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.mps_ops = tessera::MpsOpsOptions{.manage = absl::GetFlag(FLAGS_mps_manage),
                                            .base_directory = absl::GetFlag(FLAGS_mps_base_dir),
@@ -225,12 +413,28 @@ int main(int argc, char** argv) {
   std::string security = (*server)->transport_security() == "insecure"
                              ? "-plaintext"
                              : "-cacert CA.pem";  // the operator knows their CA
-  std::cout << "tessera-server listening on " << address << " (" << (*server)->backend_reason()
-            << ")\n"
-            << "admin token: " << admin.source << (admin.created ? " (generated now)" : "") << "\n"
-            << "try: grpcurl " << security << " -H \"authorization: Bearer "
-            << (from_file ? absl::StrCat("$(cat ", admin.source, ")") : "$TESSERA_ADMIN_TOKEN")
-            << "\" " << address << " tessera.v1.TenantAdmin/GetServerInfo" << std::endl;
+  const std::string token_arg =
+      from_file ? absl::StrCat("$(cat ", admin.source, ")") : "$TESSERA_ADMIN_TOKEN";
+  const std::string try_command =
+      absl::StrCat("grpcurl ", security, " -H \"authorization: Bearer ", token_arg, "\" ", address,
+                   " tessera.v1.TenantAdmin/GetServerInfo");
+  if (tessera::LogIsJson()) {
+    tessera::LogEvent(spdlog::level::info,
+                      absl::StrCat("tessera-server listening on ", address, " (",
+                                   (*server)->backend_reason(), ")"),
+                      {{"address", address},
+                       {"backend", (*server)->backend_reason()},
+                       {"admin_token", admin.source},
+                       {"admin_token_generated", admin.created ? "true" : "false"},
+                       {"try", try_command}});
+    spdlog::default_logger()->flush();
+  } else {
+    std::cout << "tessera-server listening on " << address << " (" << (*server)->backend_reason()
+              << ")\n"
+              << "admin token: " << admin.source << (admin.created ? " (generated now)" : "")
+              << "\n"
+              << "try: " << try_command << std::endl;
+  }
 
   // Under systemd (Type=notify): ready only now that the port serves.
   tessera::NotifyServiceManager(

@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/impl/server_builder_option.h"
@@ -15,6 +16,7 @@
 #include "server/common/logging.h"
 #include "server/common/serial_executor.h"
 #include "server/common/status_macros.h"
+#include "server/common/telemetry.h"
 #include "server/core/admission.h"
 #include "server/core/tenant_table.h"
 #include "server/service/auth.h"
@@ -81,6 +83,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
 }  // namespace
 
 absl::string_view TesseraVersion() { return TESSERA_VERSION; }
+
+BuildInfo TesseraBuild() {
+  return BuildInfo{.version = TESSERA_VERSION,
+                   .build_type = TESSERA_BUILD_TYPE,
+                   .git_revision = TESSERA_GIT_REVISION,
+                   .cuda_toolkit = TESSERA_CUDA_TOOLKIT};
+}
 
 Server::Server(ServerOptions options) : options_(std::move(options)) {}
 
@@ -173,13 +182,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
                   .memory_overcommit = opts.memory_overcommit,
                   .start_time = absl::Now()},
       server->mps_.get());
-  if (!opts.metrics_listen.empty()) {
-    ASSIGN_OR_RETURN(
-        server->metrics_,
-        MetricsServer::Start(opts.metrics_listen, server->tenants_.get(), server->backend_.get()));
-    spdlog::info("metrics on http://{}:{}/metrics",
-                 opts.metrics_listen.substr(0, opts.metrics_listen.rfind(':')),
-                 server->metrics_->port());
+  RETURN_IF_ERROR(CheckAccessLogOptions(opts.access_log));
+  ASSIGN_OR_RETURN(TenantLabel tenant_label, ParseTenantLabel(opts.metrics_tenant_label));
+  server->metrics_ = std::make_unique<Metrics>(server->tenants_.get(), server->backend_.get(),
+                                               tenant_label, TesseraBuild());
+  telemetry::SetSink(server->metrics_.get());
+  if (!opts.metrics.listen.empty()) {
+    ASSIGN_OR_RETURN(server->metrics_http_,
+                     MetricsServer::Start(opts.metrics, server->metrics_.get()));
+    spdlog::info("metrics on {}://{}/metrics ({})", server->metrics_http_->scheme(),
+                 server->metrics_http_->address(),
+                 !opts.metrics.tls_client_ca.empty() ? "client certificates required"
+                 : !opts.metrics.token_file.empty()  ? "bearer token required"
+                                                     : "loopback only, no token");
   }
   server->compute_service_ = std::make_unique<ComputeService>(
       server->authenticator_.get(), server->tenants_.get(), opts.max_message_bytes);
@@ -195,6 +210,9 @@ absl::Status Server::Start() {
         options_.listen);
   }
   grpc::EnableDefaultHealthCheckService(true);
+  // The default health service is hand-encoded; linking the descriptors of its messages
+  // (server/service/protos) lets reflection describe it, so grpcurl and grpcui can call it.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   if (!options_.health_listen.empty()) RETURN_IF_ERROR(StartHealthPort());
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -206,6 +224,9 @@ absl::Status Server::Start() {
   builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
   builder.RegisterService(admin_service_.get());
   builder.RegisterService(compute_service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+  creators.push_back(NewAccessLogFactory(options_.access_log, metrics_.get()));
+  builder.experimental().SetInterceptorCreators(std::move(creators));
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || port_ == 0) {
     grpc_server_.reset();
@@ -272,15 +293,17 @@ void Server::Shutdown() {
   }
   // 3-4. Queued work is drained and the workers joined.
   if (mutations_ != nullptr) mutations_->Stop();
-  metrics_.reset();
+  metrics_http_.reset();
   // 5. Tenant contexts released, then the managed MPS daemons told to quit.
   if (mps_monitor_.joinable()) {
     stop_mps_monitor_.Notify();
     mps_monitor_.join();
   }
   if (tenants_ != nullptr) tenants_->ReleaseContexts();
+  telemetry::SetSink(nullptr);  // no job reports after the contexts are gone
   if (mps_ != nullptr) mps_->Shutdown();
   // 6. The store closed, then the state directory unlocked.
+  metrics_.reset();
   tenants_.reset();
   store_.reset();
   state_dir_.reset();

@@ -18,6 +18,8 @@
 #include "server/backend/select.h"
 #include "server/core/admin_token.h"
 #include "server/mps/ops.h"
+#include "server/service/access_log.h"
+#include "server/service/metrics.h"
 #include "server/service/metrics_http.h"
 
 namespace tessera {
@@ -45,8 +47,12 @@ struct ServerOptions {
   /// --health_listen: a plaintext port serving only grpc.health.v1, mirroring the main
   /// port's status (for probes that cannot speak TLS, such as the kubelet's); empty: off.
   std::string health_listen;
-  /// --metrics_listen: Prometheus /metrics on this host:port; empty: off.
-  std::string metrics_listen;
+  /// --metrics_listen (empty: off), its token, TLS and client certificates.
+  MetricsHttpOptions metrics;
+  /// --metrics_tenant_label: id, hash or none.
+  std::string metrics_tenant_label = "id";
+  /// --access_log, --access_log_sample.
+  AccessLogOptions access_log;
   /// PEM files; cert and key together enable TLS, client_ca adds mutual TLS.
   std::string tls_cert;
   std::string tls_key;
@@ -122,7 +128,8 @@ class Server {
   std::unique_ptr<grpc::Server> grpc_server_;
   grpc::CallbackGenericService health_unimplemented_;
   std::unique_ptr<grpc::Server> health_server_;
-  std::unique_ptr<MetricsServer> metrics_;
+  std::unique_ptr<Metrics> metrics_;  // also the telemetry sink while set
+  std::unique_ptr<MetricsServer> metrics_http_;
   // --mps_manage: notices a daemon that died and starts it again while tenants need it.
   absl::Notification stop_mps_monitor_;
   std::thread mps_monitor_;
@@ -130,6 +137,9 @@ class Server {
 
 /// The version string reported by GetServerInfo and --version.
 absl::string_view TesseraVersion();
+/// The build's type (CMAKE_BUILD_TYPE), git revision ("unknown" outside a checkout) and the
+/// CUDA toolkit the module was built with ("" without one).
+BuildInfo TesseraBuild();
 
 }  // namespace tessera
 

@@ -24,8 +24,9 @@
 // On x86-64 the chunk loops are compiled twice, for SSE2 and for AVX2, and the dynamic linker
 // picks one by the CPU (GCC's function multi-versioning): twice the lanes where AVX2 exists.
 // Neither uses FMA, so both compute the same bits.
-// (A build may define TESSERA_EXPR_LOOP empty to keep only the baseline.)
-#if !defined(TESSERA_EXPR_LOOP) && defined(__x86_64__)
+// (A build may define TESSERA_EXPR_LOOP empty to keep only the baseline. Clang builds, the
+// fuzzers', keep only the baseline: clang 14 cannot multi-version function templates.)
+#if !defined(TESSERA_EXPR_LOOP) && defined(__x86_64__) && !defined(__clang__)
 #define TESSERA_EXPR_LOOP [[gnu::target_clones("avx2", "default")]]
 #elif !defined(TESSERA_EXPR_LOOP)
 #define TESSERA_EXPR_LOOP

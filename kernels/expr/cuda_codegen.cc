@@ -579,6 +579,28 @@ std::string Elementwise(const Program& program, const std::string& entry) {
   return out;
 }
 
+// The identity of a reduction's combine, as a CUDA expression of the accumulator's type.
+// (Returned, not assigned in Reduce's switch: GCC 12 -O3 reports a bogus -Wrestrict on
+// assigning a one-character literal to a std::string, GCC bug 105329.)
+std::string Identity(Combine combine, Type acc_type) {
+  const bool float_acc = IsFloat(acc_type);
+  const std::string inf = acc_type == Type::kF32 ? F32Literal(INFINITY) : F64Literal(INFINITY);
+  switch (combine) {
+    case Combine::kSum:
+      return Convert("0", Type::kI64, acc_type);
+    case Combine::kProd:
+      return Convert("1", Type::kI64, acc_type);
+    case Combine::kMax:  // accumulating in i64 or a float (CheckProgram)
+      return float_acc ? absl::StrCat("-", inf) : "TK_I64_MIN";
+    case Combine::kMin:
+      return float_acc ? inf : "TK_I64_MAX";
+    case Combine::kArgmin:
+    case Combine::kArgmax:
+      return "0";
+  }
+  return "0";
+}
+
 std::string Reduce(const Program& program, const std::string& entry) {
   const Reduction& red = *program.reduction;
   const Definition& d = program.definition;
@@ -595,26 +617,7 @@ std::string Reduce(const Program& program, const std::string& entry) {
   std::string out = Header(program, entry);
 
   // tk_init: the identity; tk_combine / tk_better: the combine.
-  std::string identity;
-  const std::string inf = acc_type == Type::kF32 ? F32Literal(INFINITY) : F64Literal(INFINITY);
-  switch (red.combine) {
-    case Combine::kSum:
-      identity = Convert("0", Type::kI64, acc_type);
-      break;
-    case Combine::kProd:
-      identity = Convert("1", Type::kI64, acc_type);
-      break;
-    case Combine::kMax:  // accumulating in i64 or a float (CheckProgram)
-      identity = float_acc ? absl::StrCat("-", inf) : "TK_I64_MIN";
-      break;
-    case Combine::kMin:
-      identity = float_acc ? inf : "TK_I64_MAX";
-      break;
-    case Combine::kArgmin:
-    case Combine::kArgmax:
-      identity = "0";
-      break;
-  }
+  const std::string identity = Identity(red.combine, acc_type);
   if (!arg) {
     std::string combine;
     const bool ints = acc_type == Type::kI64;

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
+#include "server/common/telemetry.h"
+
 namespace tessera {
 namespace {
 
@@ -21,18 +23,23 @@ bool HasContextSlot(const DeviceLoad& d) {
 
 absl::Status CheckFits(const DeviceLoad& d, double overcommit, uint64_t request_bytes) {
   if (!HasContextSlot(d)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("device ", d.device.index, " (", d.device.name, ") already has ", d.contexts,
-                     " tenant contexts; its limit is ", d.device.context_limit));
+    return telemetry::WithRefusalReason(
+        absl::ResourceExhaustedError(
+            absl::StrCat("device ", d.device.index, " (", d.device.name, ") already has ",
+                         d.contexts, " tenant contexts; its limit is ", d.device.context_limit)),
+        "device_contexts");
   }
   uint64_t free = Unreserved(d, overcommit);
   if (request_bytes > free) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "quota.device_memory_bytes %s does not fit on device %d (%s): %s reserved of %s "
-        "reservable (capacity %s x memory_overcommit %g); %s unreserved",
-        FormatBytes(request_bytes), d.device.index, d.device.name, FormatBytes(d.reserved_bytes),
-        FormatBytes(ReservableBytes(d.device.memory_bytes, overcommit)),
-        FormatBytes(d.device.memory_bytes), overcommit, FormatBytes(free)));
+    return telemetry::WithRefusalReason(
+        absl::ResourceExhaustedError(absl::StrFormat(
+            "quota.device_memory_bytes %s does not fit on device %d (%s): %s reserved of %s "
+            "reservable (capacity %s x memory_overcommit %g); %s unreserved",
+            FormatBytes(request_bytes), d.device.index, d.device.name,
+            FormatBytes(d.reserved_bytes),
+            FormatBytes(ReservableBytes(d.device.memory_bytes, overcommit)),
+            FormatBytes(d.device.memory_bytes), overcommit, FormatBytes(free))),
+        "device_memory");
   }
   return absl::OkStatus();
 }
@@ -68,9 +75,11 @@ absl::StatusOr<int> ChooseDevice(const std::vector<DeviceLoad>& devices, double 
     if (best == nullptr || Unreserved(d, overcommit) > Unreserved(*best, overcommit)) best = &d;
   }
   if (best == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("no device has a free tenant context slot; e.g. ",
-                     CheckFits(devices.front(), overcommit, request_bytes).message()));
+    return telemetry::WithRefusalReason(
+        absl::ResourceExhaustedError(
+            absl::StrCat("no device has a free tenant context slot; e.g. ",
+                         CheckFits(devices.front(), overcommit, request_bytes).message())),
+        "device_contexts");
   }
   absl::Status fits = CheckFits(*best, overcommit, request_bytes);
   if (!fits.ok()) return fits;

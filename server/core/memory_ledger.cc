@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "server/common/telemetry.h"
+
 namespace tessera {
 
 MemoryCharge& MemoryCharge::operator=(MemoryCharge&& other) noexcept {
@@ -34,10 +36,12 @@ std::shared_ptr<MemoryLedger> MemoryLedger::Create(std::string tenant_id, uint64
 }
 
 absl::Status MemoryLedger::ExhaustedLocked(uint64_t bytes, absl::string_view what) const {
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "tenant \"", tenant_id_, "\" memory quota: ", used_, " bytes used + ", bytes, " ", what,
-      " > quota.device_memory_bytes ", quota_, " (used: tensors ", by_use_[0], ", job scratch ",
-      by_use_[1], ", transfer staging ", by_use_[2], "); delete tensors to free memory"));
+  return telemetry::WithRefusalReason(
+      absl::ResourceExhaustedError(absl::StrCat(
+          "tenant \"", tenant_id_, "\" memory quota: ", used_, " bytes used + ", bytes, " ", what,
+          " > quota.device_memory_bytes ", quota_, " (used: tensors ", by_use_[0], ", job scratch ",
+          by_use_[1], ", transfer staging ", by_use_[2], "); delete tensors to free memory")),
+      "tenant_memory");
 }
 
 absl::StatusOr<MemoryCharge> MemoryLedger::Reserve(MemoryUse use, uint64_t bytes,

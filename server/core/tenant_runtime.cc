@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "server/common/status_macros.h"
+#include "server/common/telemetry.h"
 #include "server/core/token.h"
 
 namespace tessera {
@@ -234,10 +235,12 @@ struct TenantRuntime::Prepared {
 
 absl::Status TenantRuntime::CheckQueueLocked() const {
   if (queued_ < quota_.max_queued_jobs) return absl::OkStatus();
-  return absl::ResourceExhaustedError(
-      absl::StrCat("tenant \"", tenant_id_, "\" has ", queued_, " jobs queued (", running_,
-                   " more running); quota.max_queued_jobs is ", quota_.max_queued_jobs,
-                   "; wait for some to finish"));
+  return telemetry::WithRefusalReason(
+      absl::ResourceExhaustedError(
+          absl::StrCat("tenant \"", tenant_id_, "\" has ", queued_, " jobs queued (", running_,
+                       " more running); quota.max_queued_jobs is ", quota_.max_queued_jobs,
+                       "; wait for some to finish")),
+      "queue_depth");
 }
 
 absl::StatusOr<JobInfo> TenantRuntime::Submit(int64_t stream, std::vector<LaunchSpec> steps,
@@ -296,10 +299,7 @@ absl::Status TenantRuntime::ResolveLocked(int64_t stream, const std::vector<Laun
         absl::StrCat("a program has 1..", kMaxProgramSteps, " steps; got ", steps.size()));
   }
   if (queued_ >= quota_.max_queued_jobs) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("tenant \"", tenant_id_, "\" has ", queued_, " jobs queued (", running_,
-                     " more running); quota.max_queued_jobs is ", quota_.max_queued_jobs,
-                     "; wait for some to finish"));
+    return CheckQueueLocked();
   }
   for (size_t i = 0; i < steps.size(); ++i) {
     const LaunchSpec& spec = steps[i];
@@ -312,11 +312,21 @@ absl::Status TenantRuntime::ResolveLocked(int64_t stream, const std::vector<Laun
     for (size_t k = 0; k < spec.inputs.size(); ++k) {
       const Operand& op = spec.inputs[k];
       if (op.step >= 0) {
-        if (static_cast<size_t>(op.step) >= i || op.output < 0 ||
-            static_cast<size_t>(op.output) >= r.plans[op.step].outputs.size()) {
-          return fail(absl::InvalidArgumentError(
-              absl::StrCat("inputs[", k, "] refers to output ", op.output, " of step ", op.step,
-                           ", which is not an earlier step's output")));
+        // Named in full (not prefixed by `fail`): the adapter's field path.
+        const std::string field = absl::StrCat("steps[", i, "].inputs[", k, "].step_output");
+        if (static_cast<size_t>(op.step) >= i) {
+          return absl::InvalidArgumentError(
+              i == 0 ? absl::StrCat(field, ".step is ", op.step,
+                                    ", not an earlier step: step 0 has none")
+                     : absl::StrCat(field, ".step is ", op.step,
+                                    ", not an earlier step: the range is 0..", i - 1));
+        }
+        const size_t outputs = r.plans[op.step].outputs.size();
+        if (op.output < 0 || static_cast<size_t>(op.output) >= outputs) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(field, ".output is ", op.output, "; steps[", op.step, "] (",
+                           steps[op.step].kernel, ") has ", outputs, " output(s)",
+                           outputs == 0 ? "" : absl::StrCat(": 0..", outputs - 1)));
         }
         metas.push_back(r.plans[op.step].outputs[op.output]);
         r.steps[i].inputs.push_back(nullptr);
@@ -442,6 +452,7 @@ absl::StatusOr<JobInfo> TenantRuntime::CommitLocked(int64_t stream, absl::Time d
   job->info.stream = static_cast<int>(stream);
   job->info.enqueue_time = absl::Now();
   job->info.deadline = deadline;
+  job->info.kernel = p.exec.size() == 1 ? p.exec[0].plan.kernel->name : "program";
   job->exec = std::move(p.exec);
   pins.Commit(*job);
   if (on_done != nullptr) job->waiters.push_back(std::move(on_done));
@@ -508,6 +519,7 @@ void TenantRuntime::Drop(const std::shared_ptr<Job>& job, absl::Status why) {
     waiters = FinishLocked(*job, JobState::kCancelled, std::move(why), -1);
     info = job->info;
   }
+  Report(info);
   for (JobCallback& w : waiters) std::move(w)(info);
 }
 
@@ -524,7 +536,21 @@ void TenantRuntime::Done(const std::shared_ptr<Job>& job, ExecResult result) {
     waiters = FinishLocked(*job, state, result.status, result.failed_step);
     info = job->info;
   }
+  Report(info);
   for (JobCallback& w : waiters) std::move(w)(info);
+}
+
+void TenantRuntime::Report(const JobInfo& info) const {
+  const bool ran = info.start_time >= info.enqueue_time;  // never released: the epoch
+  telemetry::JobFinished(telemetry::JobSample{
+      .tenant = tenant_id_,
+      .kernel = info.kernel,
+      .outcome = info.state == JobState::kSucceeded ? "succeeded"
+                 : info.state == JobState::kFailed  ? "failed"
+                                                    : "cancelled",
+      .queue_wait = (ran ? info.start_time : info.end_time) - info.enqueue_time,
+      .run_time = ran ? info.end_time - info.start_time : absl::ZeroDuration(),
+      .ran = ran});
 }
 
 void TenantRuntime::ReleaseLocked(Job& job) {
@@ -648,8 +674,9 @@ absl::Status TenantRuntime::WhenIdle(std::optional<int64_t> stream,
   {
     absl::MutexLock lock(&mu_);
     if (stream.has_value() && (*stream < 0 || *stream >= quota_.max_streams)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stream is ", *stream, "; the tenant has ", quota_.max_streams, " streams"));
+      return absl::InvalidArgumentError(absl::StrCat("stream is ", *stream, "; the tenant has ",
+                                                     quota_.max_streams, " streams (0..",
+                                                     quota_.max_streams - 1, ")"));
     }
     for (const auto& [id, job] : jobs_) {
       bool active = job->info.state == JobState::kQueued || job->info.state == JobState::kRunning;

@@ -48,6 +48,8 @@ struct JobInfo {
   absl::Status error;
   int failed_step = -1;
   absl::Time enqueue_time, start_time, end_time;
+  /// The kernel of a one-step job, "program" for several steps (a metrics label).
+  std::string kernel;
   /// When a still-queued job expires; InfiniteFuture: never.
   absl::Time deadline = absl::InfiniteFuture();
 };
@@ -297,6 +299,8 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   void Drop(const std::shared_ptr<Job>& job, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
   /// The backend finished `job`.
   void Done(const std::shared_ptr<Job>& job, ExecResult result) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Tells the metrics layer (server/common/telemetry.h) of a job that finished.
+  void Report(const JobInfo& info) const;
   void EndTransfer(const std::string& handle) ABSL_LOCKS_EXCLUDED(mu_);
   std::shared_ptr<TenantContext> ContextOrNull() const ABSL_LOCKS_EXCLUDED(mu_);
 

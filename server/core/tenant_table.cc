@@ -8,6 +8,7 @@
 #include "kernels/expr/compile.h"
 #include "server/common/logging.h"
 #include "server/common/status_macros.h"
+#include "server/common/telemetry.h"
 #include "server/core/token.h"
 #include "server/core/validation.h"
 
@@ -140,10 +141,12 @@ absl::StatusOr<KernelLibrary::Kernel> TenantTable::DefineKernel(
         absl::StrCat("kernel \"", name, "\" is already defined; DeleteKernel it first"));
   }
   if (runtime.kernels().size() >= options_.max_kernels_per_tenant) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("tenant ", runtime.tenant_id(), " has ", runtime.kernels().size(),
-                     " kernels; the limit is ", options_.max_kernels_per_tenant,
-                     " per tenant (--max_kernels_per_tenant): DeleteKernel one first"));
+    return telemetry::WithRefusalReason(
+        absl::ResourceExhaustedError(
+            absl::StrCat("tenant ", runtime.tenant_id(), " has ", runtime.kernels().size(),
+                         " kernels; the limit is ", options_.max_kernels_per_tenant,
+                         " per tenant (--max_kernels_per_tenant): DeleteKernel one first")),
+        "kernel_count");
   }
   absl::Status stored = store_->InsertKernel(
       StoredKernel{.tenant_id = runtime.tenant_id(),

@@ -9,6 +9,13 @@
 #include "server/core/tenant_runtime.h"
 
 namespace tessera {
+namespace {
+
+// Most separate written ranges an upload may hold at once (chunks that are not adjacent to
+// each other): bounds the bookkeeping of an upload sent in tiny, scattered chunks.
+constexpr size_t kMaxUploadRanges = 16384;
+
+}  // namespace
 
 // ---- transfers ---------------------------------------------------------------------------------
 
@@ -39,10 +46,31 @@ absl::Status TenantRuntime::Writer::Write(uint64_t offset, absl::string_view dat
     return absl::InvalidArgumentError(
         absl::StrCat("chunk [", offset, ", ", end, ") overlaps bytes already written"));
   }
+  // Written ranges are kept merged, so in-order (or reverse-order) chunks cost one entry in
+  // all; only chunks that leave gaps between them add entries, and those are bounded.
+  const bool joins_previous = next != ranges_.begin() && std::prev(next)->second == offset;
+  const bool joins_next = next != ranges_.end() && next->first == end;
+  if (!joins_previous && !joins_next && ranges_.size() >= kMaxUploadRanges) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk at offset ", offset, " would make more than ", kMaxUploadRanges,
+                     " separate written ranges (the limit); send chunks in order, or next to "
+                     "ones already sent"));
+  }
   std::shared_ptr<TenantContext> context = runtime_->ContextOrNull();
   if (context == nullptr) return absl::FailedPreconditionError("the tenant is closed");
   RETURN_IF_ERROR(context->CopyIn(*staging_, offset, data.data(), data.size()));
-  ranges_.emplace(offset, end);
+  uint64_t start = offset;
+  if (joins_previous) {
+    auto previous = std::prev(next);
+    start = previous->first;
+    ranges_.erase(previous);
+  }
+  uint64_t stop = end;
+  if (joins_next) {
+    stop = next->second;
+    ranges_.erase(next);
+  }
+  ranges_.emplace(start, stop);
   written_ += data.size();
   return absl::OkStatus();
 }

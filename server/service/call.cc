@@ -2,8 +2,6 @@
 
 #include <cstdint>
 
-#include "absl/random/random.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -11,26 +9,10 @@
 #include "spdlog/spdlog.h"
 
 #include "server/common/logging.h"
+#include "server/common/telemetry.h"
+#include "server/service/access_log.h"
 
 namespace tessera {
-namespace {
-
-constexpr size_t kMaxRequestIdLength = 64;
-
-bool IsWellFormedRequestId(absl::string_view id) {
-  if (id.empty() || id.size() > kMaxRequestIdLength) return false;
-  for (char c : id) {
-    if (!absl::ascii_isalnum(c) && c != '-' && c != '_' && c != '.') return false;
-  }
-  return true;
-}
-
-std::string NewRequestId() {
-  thread_local absl::BitGen gen;
-  return absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen));
-}
-
-}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -42,23 +24,21 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::move(message));
 }
 
-CallLog::CallLog(grpc::CallbackServerContext* context, absl::string_view rpc) : rpc_(rpc) {
-  const auto& metadata = context->client_metadata();
-  auto it = metadata.find("x-request-id");
-  if (it != metadata.end() &&
-      IsWellFormedRequestId(absl::string_view(it->second.data(), it->second.size()))) {
-    request_id_.assign(it->second.data(), it->second.size());
-  } else {
-    request_id_ = NewRequestId();
-  }
+CallLog::CallLog(grpc::CallbackServerContext* context, absl::string_view rpc)
+    : rpc_(rpc), record_(FindCallRecord(context)) {
+  request_id_ =
+      record_ != nullptr ? record_->request_id : RequestIdFrom(context->client_metadata());
   context->AddInitialMetadata("x-request-id", request_id_);
 }
 
+void CallLog::set_tenant(std::string tenant) {
+  if (record_ != nullptr) record_->set_tenant(tenant);
+  tenant_ = std::move(tenant);
+}
+
 grpc::Status CallLog::Finish(const absl::Status& status) const {
-  if (!status.ok()) {
-    spdlog::warn("rpc={} code={} tenant={} request_id={}: {}", rpc_,
-                 absl::StatusCodeToString(status.code()), tenant_.empty() ? "-" : tenant_,
-                 request_id_, status.message());
+  if (std::string reason = telemetry::RefusalReason(status); !reason.empty()) {
+    telemetry::Refused(reason);
   }
   return ToGrpcStatus(status);
 }

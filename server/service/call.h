@@ -1,6 +1,7 @@
 #ifndef TESSERA_SERVER_SERVICE_CALL_H_
 #define TESSERA_SERVER_SERVICE_CALL_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -16,17 +17,20 @@ inline constexpr size_t kMaxStatusMessageBytes = 1024;
 /// The one conversion from absl::Status to grpc::Status (codes are numerically identical).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-/// Per-call bookkeeping at the adapter edge: request id (the client's `x-request-id` when
-/// well-formed, else a fresh one, echoed in initial metadata), the caller's tenant once
-/// known, and one log line per failed call.
+struct CallRecord;
+
+/// Per-call bookkeeping at the adapter edge: the request id (the client's `x-request-id` when
+/// well-formed, else a fresh one; echoed in initial metadata) and the caller's tenant once
+/// known, shared with the access log interceptor (access_log.h), which writes the call's one
+/// access line; refusals (RESOURCE_EXHAUSTED) are counted by reason.
 class CallLog {
  public:
   CallLog(grpc::CallbackServerContext* context, absl::string_view rpc);
 
   const std::string& request_id() const { return request_id_; }
-  void set_tenant(std::string tenant) { tenant_ = std::move(tenant); }
+  void set_tenant(std::string tenant);
 
-  /// Logs a failure (code, rpc, tenant, request id, message) and returns the grpc status.
+  /// Counts a refusal by its reason and returns the grpc status.
   grpc::Status Finish(const absl::Status& status) const;
   /// Logs an informational line tagged with the call (for mutations).
   void Info(absl::string_view what) const;
@@ -35,6 +39,7 @@ class CallLog {
   std::string rpc_;
   std::string request_id_;
   std::string tenant_;
+  std::shared_ptr<CallRecord> record_;  // null without the interceptor
 };
 
 /// The page size of a List call: `page_size` 0..1000, 0 meaning 100; INVALID_ARGUMENT otherwise.

@@ -1,5 +1,7 @@
 #include "server/service/compute_convert.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 #include "kernels/expr/compile.h"
@@ -39,7 +41,59 @@ v1::KernelParam ParamToProto(const kernels::ParamDef& p) {
   return proto;
 }
 
+// Bounds a value quoted in an error message (the message is logged whole).
+std::string Excerpt(absl::string_view s) {
+  constexpr size_t kMax = 64;
+  return s.size() <= kMax ? std::string(s) : absl::StrCat(s.substr(0, kMax), "...");
+}
+
+size_t MaxOfCatalog(size_t from_expr, size_t (*count)(const kernels::KernelDef&)) {
+  size_t most = from_expr;
+  for (const kernels::KernelDef& k : kernels::Registry::Global().kernels()) {
+    most = std::max(most, count(k));
+  }
+  return most;
+}
+
 }  // namespace
+
+size_t MaxKernelInputs() {
+  static const size_t most = MaxOfCatalog(
+      kernels::expr::kMaxInputs, [](const kernels::KernelDef& k) { return k.inputs.size(); });
+  return most;
+}
+
+size_t MaxKernelOutputs() {
+  static const size_t most = MaxOfCatalog(
+      kernels::expr::kMaxOutputs, [](const kernels::KernelDef& k) { return k.outputs.size(); });
+  return most;
+}
+
+absl::Status CheckReference(absl::string_view value, absl::string_view field,
+                            absl::string_view what) {
+  if (value.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is empty; give ", what));
+  }
+  if (value.size() > kMaxReferenceBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is ", value.size(),
+                                                   " bytes; the limit is ", kMaxReferenceBytes,
+                                                   " (it should be ", what, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Duration> DurationFromProto(const google::protobuf::Duration& duration,
+                                                 absl::string_view field) {
+  if (duration.seconds() < 0 || duration.seconds() > kMaxDurationSeconds) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".seconds is ", duration.seconds(),
+                                                   "; the range is 0..", kMaxDurationSeconds));
+  }
+  if (duration.nanos() < 0 || duration.nanos() > 999'999'999) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".nanos is ", duration.nanos(), "; the range is 0..999999999"));
+  }
+  return absl::Seconds(duration.seconds()) + absl::Nanoseconds(duration.nanos());
+}
 
 absl::StatusOr<kernels::DType> DTypeFromProto(int value, absl::string_view field) {
   std::optional<kernels::DType> d = kernels::DTypeFromInt(value);
@@ -56,6 +110,11 @@ absl::StatusOr<kernels::TensorMeta> MetaFromProto(const v1::TensorSpec& spec,
   absl::StatusOr<kernels::DType> d = DTypeFromProto(spec.dtype(), absl::StrCat(field, ".dtype"));
   if (!d.ok()) return d.status();
   meta.dtype = *d;
+  // Counted before the copy: a huge repeated field costs nothing.
+  if (static_cast<size_t>(spec.shape_size()) > kernels::kMaxRank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".shape has ", spec.shape_size(), " dimensions; the limit is ", kernels::kMaxRank));
+  }
   meta.shape.assign(spec.shape().begin(), spec.shape().end());
   absl::Status valid = kernels::ByteSize(meta, absl::StrCat(field, ".shape")).status();
   if (!valid.ok()) return valid;
@@ -63,9 +122,31 @@ absl::StatusOr<kernels::TensorMeta> MetaFromProto(const v1::TensorSpec& spec,
 }
 
 absl::StatusOr<kernels::Attrs> AttrsFromProto(
-    const google::protobuf::Map<std::string, v1::AttrValue>& attrs) {
+    const google::protobuf::Map<std::string, v1::AttrValue>& attrs, absl::string_view field) {
+  if (attrs.size() > kMaxAttrs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " has ", attrs.size(), " entries; the limit is ", kMaxAttrs));
+  }
   kernels::Attrs out;
   for (const auto& [name, value] : attrs) {
+    if (name.empty() || name.size() > kMaxAttrNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " key \"", Excerpt(name), "\" is ",
+                                                     name.size(), " bytes; the range is 1..",
+                                                     kMaxAttrNameBytes));
+    }
+    const std::string entry = absl::StrCat(field, "[", name, "]");
+    if (value.value_case() == v1::AttrValue::kS && value.s().size() > kMaxAttrStringBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(entry, ".s is ", value.s().size(),
+                                                     " bytes; the limit is ", kMaxAttrStringBytes));
+    }
+    const int list_size = value.value_case() == v1::AttrValue::kInts ? value.ints().values_size()
+                          : value.value_case() == v1::AttrValue::kFloats
+                              ? value.floats().values_size()
+                              : 0;
+    if (static_cast<size_t>(list_size) > kMaxAttrListValues) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(entry, " has ", list_size, " values; the limit is ", kMaxAttrListValues));
+    }
     switch (value.value_case()) {
       case v1::AttrValue::kI:
         out[name] = value.i();
@@ -89,7 +170,7 @@ absl::StatusOr<kernels::Attrs> AttrsFromProto(
         break;
       case v1::AttrValue::VALUE_NOT_SET:
         return absl::InvalidArgumentError(
-            absl::StrCat("attrs[", name.substr(0, 64), "] has no value"));
+            absl::StrCat(entry, " has no value; set one of i, f, b, s, ints, floats"));
     }
   }
   return out;
@@ -97,12 +178,19 @@ absl::StatusOr<kernels::Attrs> AttrsFromProto(
 
 absl::StatusOr<std::vector<OutputSpec>> OutputsFromProto(
     const google::protobuf::RepeatedPtrField<v1::Output>& outputs, absl::string_view field) {
+  if (static_cast<size_t>(outputs.size()) > MaxKernelOutputs()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " has ", outputs.size(),
+                                                   " entries; no kernel has more than ",
+                                                   MaxKernelOutputs(), " outputs"));
+  }
   std::vector<OutputSpec> specs;
   for (int i = 0; i < outputs.size(); ++i) {
     const v1::Output& o = outputs[i];
     OutputSpec spec;
     switch (o.target_case()) {
       case v1::Output::kHandle:
+        RETURN_IF_ERROR(
+            CheckReference(o.handle(), absl::StrCat(field, "[", i, "].handle"), "a tensor handle"));
         spec.kind = OutputSpec::Kind::kHandle;
         spec.handle = o.handle();
         break;
@@ -235,11 +323,29 @@ absl::StatusOr<kernels::expr::Definition> DefinitionFromProto(
   kernels::expr::Definition d;
   d.name = proto.name();
   d.body = proto.body();
-  // Counts are checked by Compile with the limits named; the loops here stop well past them
-  // so an absurd request costs nothing.
+  // Counted before anything is copied, so that an absurd request costs nothing and the
+  // message has the real count (Compile checks the same limits for source text).
+  const struct {
+    int count;
+    size_t limit;
+    const char* field;
+  } lists[] = {{proto.inputs_size(), kernels::expr::kMaxInputs, "definition.inputs"},
+               {proto.outputs_size(), kernels::expr::kMaxOutputs, "definition.outputs"},
+               {proto.params_size(), kernels::expr::kMaxParams, "definition.params"}};
+  for (const auto& list : lists) {
+    if (static_cast<size_t>(list.count) > list.limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(list.field, " has ", list.count, " entries; the limit is ", list.limit));
+    }
+  }
+  if (proto.body().size() > kernels::expr::kMaxBodyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("definition.body is ", proto.body().size(),
+                                                   " bytes; the limit is ",
+                                                   kernels::expr::kMaxBodyBytes));
+  }
   auto operands = [](const auto& list, absl::string_view field,
                      std::vector<kernels::expr::OperandDef>& out) -> absl::Status {
-    for (int i = 0; i < list.size() && i <= 64; ++i) {
+    for (int i = 0; i < list.size(); ++i) {
       const v1::KernelOperandDef& o = list[i];
       ASSIGN_OR_RETURN(kernels::DType dtype,
                        DTypeFromProto(o.dtype(), absl::StrCat(field, "[", i, "].dtype")));
@@ -253,7 +359,7 @@ absl::StatusOr<kernels::expr::Definition> DefinitionFromProto(
   };
   RETURN_IF_ERROR(operands(proto.inputs(), "definition.inputs", d.inputs));
   RETURN_IF_ERROR(operands(proto.outputs(), "definition.outputs", d.outputs));
-  for (int i = 0; i < proto.params_size() && i <= 64; ++i) {
+  for (int i = 0; i < proto.params_size(); ++i) {
     const v1::KernelScalarDef& p = proto.params(i);
     kernels::expr::ScalarDef param{.name = p.name()};
     if (p.type() == "int") {

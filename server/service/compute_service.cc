@@ -214,6 +214,8 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
         ASSIGN_OR_RETURN(create, MetaFromProto(header.create(), "header.create"));
       } else if (header.handle().empty()) {
         return absl::InvalidArgumentError("header needs a handle or a create spec");
+      } else {
+        RETURN_IF_ERROR(CheckReference(header.handle(), "header.handle", "a tensor handle"));
       }
       ASSIGN_OR_RETURN(writer_, runtime_->BeginWrite(header.handle(), create));
       return absl::OkStatus();
@@ -308,12 +310,13 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
                                                      "; the range is ", kMinChunkBytes, "..",
                                                      max_chunk, " (--max_message_bytes / 2)"));
     }
+    RETURN_IF_ERROR(CheckReference(request.handle(), "handle", "a tensor handle"));
     ASSIGN_OR_RETURN(reader_, runtime_->BeginRead(request.handle()));
     uint64_t size = reader_->info().size_bytes;
     if (request.offset() > size || request.length() > size - request.offset()) {
-      return absl::InvalidArgumentError(absl::StrCat("range offset ", request.offset(), " length ",
-                                                     request.length(), " is outside the tensor's ",
-                                                     size, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "offset ", request.offset(), " + length ", request.length(), " is outside the tensor's ",
+          size, " bytes (offset 0..", size, ", offset + length <= ", size, ")"));
     }
     position_ = request.offset();
     end_ = request.length() == 0 ? size : request.offset() + request.length();
@@ -376,31 +379,61 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
   bool first_ = true;
 };
 
+// One launch: a Launch request (`handles`; `field` empty) or step `index` of a Submit
+// (`operands`; `field` "steps[i]"). Checks what only the wire can get wrong (lengths, counts,
+// references to earlier steps) so that nothing is left to a lookup or a narrowing cast; the
+// core checks the rest against the kernel and the tenant's tensors.
 absl::StatusOr<LaunchSpec> StepFromProto(
     const std::string& kernel, const google::protobuf::RepeatedPtrField<v1::Operand>* operands,
     const google::protobuf::RepeatedPtrField<std::string>* handles,
     const google::protobuf::RepeatedPtrField<v1::Output>& outputs,
-    const google::protobuf::Map<std::string, v1::AttrValue>& attrs, absl::string_view field) {
+    const google::protobuf::Map<std::string, v1::AttrValue>& attrs, absl::string_view field,
+    int index) {
+  const std::string prefix = field.empty() ? "" : absl::StrCat(field, ".");
+  RETURN_IF_ERROR(CheckReference(kernel, absl::StrCat(prefix, "kernel"),
+                                 "a kernel name (ListKernels lists them)"));
+  const int inputs = handles != nullptr ? handles->size() : operands->size();
+  if (static_cast<size_t>(inputs) > MaxKernelInputs()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "inputs has ", inputs, " entries; no kernel takes more than ", MaxKernelInputs()));
+  }
   LaunchSpec spec;
   spec.kernel = kernel;
-  if (handles != nullptr) {
-    for (const std::string& h : *handles) spec.inputs.push_back(Operand{h});
-  } else {
-    for (int i = 0; i < operands->size(); ++i) {
-      const v1::Operand& op = (*operands)[i];
-      if (op.has_step_output()) {
-        spec.inputs.push_back(Operand{"", static_cast<int>(op.step_output().step()),
-                                      static_cast<int>(op.step_output().output())});
-      } else if (op.source_case() == v1::Operand::kHandle) {
-        spec.inputs.push_back(Operand{op.handle()});
-      } else {
+  for (int i = 0; i < inputs; ++i) {
+    const std::string input = absl::StrCat(prefix, "inputs[", i, "]");
+    if (handles != nullptr) {
+      RETURN_IF_ERROR(CheckReference((*handles)[i], input, "a tensor handle"));
+      spec.inputs.push_back(Operand{(*handles)[i]});
+      continue;
+    }
+    const v1::Operand& op = (*operands)[i];
+    if (op.has_step_output()) {
+      // Both are uint32 on the wire: bounded here, before they become ints.
+      const uint32_t step = op.step_output().step();
+      const uint32_t output = op.step_output().output();
+      if (step >= static_cast<uint32_t>(index)) {
         return absl::InvalidArgumentError(
-            absl::StrCat(field, ".inputs[", i, "] needs a handle or a step_output"));
+            index == 0 ? absl::StrCat(input, ".step_output.step is ", step,
+                                      ", not an earlier step: step 0 has none (give a handle)")
+                       : absl::StrCat(input, ".step_output.step is ", step,
+                                      ", not an earlier step: the range is 0..", index - 1));
       }
+      if (output >= MaxKernelOutputs()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(input, ".step_output.output is ", output, "; no kernel has more than ",
+                         MaxKernelOutputs(), " outputs (0..", MaxKernelOutputs() - 1, ")"));
+      }
+      spec.inputs.push_back(Operand{"", static_cast<int>(step), static_cast<int>(output)});
+    } else if (op.source_case() == v1::Operand::kHandle) {
+      RETURN_IF_ERROR(
+          CheckReference(op.handle(), absl::StrCat(input, ".handle"), "a tensor handle"));
+      spec.inputs.push_back(Operand{op.handle()});
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(input, " needs a handle or a step_output"));
     }
   }
-  ASSIGN_OR_RETURN(spec.outputs, OutputsFromProto(outputs, absl::StrCat(field, ".outputs")));
-  ASSIGN_OR_RETURN(spec.attrs, AttrsFromProto(attrs));
+  ASSIGN_OR_RETURN(spec.outputs, OutputsFromProto(outputs, absl::StrCat(prefix, "outputs")));
+  ASSIGN_OR_RETURN(spec.attrs, AttrsFromProto(attrs, absl::StrCat(prefix, "attrs")));
   return spec;
 }
 
@@ -435,6 +468,14 @@ grpc::ServerUnaryReactor* ComputeService::CreateTensor(grpc::CallbackServerConte
     return reactor;
   }
   log->set_tenant((*runtime)->tenant_id());
+  if (request->data().size() > kMaxCreateTensorDataBytes) {
+    reactor->Finish(log->Finish(absl::InvalidArgumentError(absl::StrCat(
+        "data is ", request->data().size(), " bytes; CreateTensor takes at most ",
+        kMaxCreateTensorDataBytes,
+        " bytes (16 MiB) inline: stream larger tensors with WriteTensor (C++ Client::Upload, "
+        "Python Client.put)"))));
+    return reactor;
+  }
   absl::Status queued =
       transfers_.Schedule([reactor, log, request, response, runtime = *std::move(runtime)]() {
         absl::Status status = [&]() -> absl::Status {
@@ -463,6 +504,7 @@ grpc::ServerUnaryReactor* ComputeService::GetTensor(grpc::CallbackServerContext*
                                                     const v1::GetTensorRequest* request,
                                                     v1::TensorInfo* response) {
   return Serve(context, "GetTensor", [&](TenantRuntime& runtime) -> absl::Status {
+    RETURN_IF_ERROR(CheckReference(request->handle(), "handle", "a tensor handle"));
     ASSIGN_OR_RETURN(TensorInfo info, runtime.GetTensor(request->handle()));
     TensorInfoToProto(info, response);
     return absl::OkStatus();
@@ -476,6 +518,11 @@ grpc::ServerUnaryReactor* ComputeService::ListTensors(grpc::CallbackServerContex
     ASSIGN_OR_RETURN(size_t limit, PageLimit(request->page_size()));
     std::string after;
     if (!request->page_token().empty()) {
+      if (request->page_token().size() > 2 * kMaxReferenceBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "page_token is ", request->page_token().size(), " bytes; the limit is ",
+            2 * kMaxReferenceBytes, " (pass next_page_token from a ListTensors reply)"));
+      }
       ASSIGN_OR_RETURN(after, DecodePageToken(kTensorPages, request->page_token(), "ListTensors"));
     }
     TenantRuntime::TensorPage page = runtime.ListTensors(after, limit);
@@ -491,6 +538,7 @@ grpc::ServerUnaryReactor* ComputeService::DeleteTensor(grpc::CallbackServerConte
                                                        const v1::DeleteTensorRequest* request,
                                                        v1::DeleteTensorResponse* response) {
   return Serve(context, "DeleteTensor", [&](TenantRuntime& runtime) -> absl::Status {
+    RETURN_IF_ERROR(CheckReference(request->handle(), "handle", "a tensor handle"));
     ASSIGN_OR_RETURN(uint64_t released, runtime.DeleteTensor(request->handle()));
     response->set_released_bytes(released);
     return absl::OkStatus();
@@ -506,20 +554,21 @@ grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* c
   auto* reactor = new WaitReactor(context, rpc);
   std::shared_ptr<TenantRuntime> runtime = Authenticate(*authenticator_, reactor, context);
   if (runtime == nullptr) return reactor;
-  if (parse_error.ok() && timeout != nullptr && (timeout->seconds() < 0 || timeout->nanos() < 0)) {
-    parse_error = absl::InvalidArgumentError(absl::StrCat(
-        "queue_timeout is ", timeout->seconds(), "s ", timeout->nanos(), "ns; it must be >= 0"));
+  absl::Duration queue_timeout = absl::InfiniteDuration();
+  if (parse_error.ok() && timeout != nullptr) {
+    absl::StatusOr<absl::Duration> parsed = DurationFromProto(*timeout, "queue_timeout");
+    if (parsed.ok()) {
+      queue_timeout = *parsed;
+    } else {
+      parse_error = parsed.status();
+    }
   }
   if (!parse_error.ok()) {
     reactor->CompleteIfUnclaimed(parse_error);
     return reactor;
   }
   // The job's deadline: the explicit queue timeout, and for a waiting call its own deadline.
-  absl::Time deadline = absl::InfiniteFuture();
-  if (timeout != nullptr) {
-    deadline =
-        absl::Now() + absl::Seconds(timeout->seconds()) + absl::Nanoseconds(timeout->nanos());
-  }
+  absl::Time deadline = absl::Now() + queue_timeout;
   if (wait && context->deadline() != std::chrono::system_clock::time_point::max()) {
     absl::Time call_deadline = absl::FromChrono(context->deadline());
     if (call_deadline < deadline) deadline = call_deadline;
@@ -556,7 +605,7 @@ grpc::ServerUnaryReactor* ComputeService::Launch(grpc::CallbackServerContext* co
                                                  const v1::LaunchRequest* request,
                                                  v1::Job* response) {
   absl::StatusOr<LaunchSpec> step = StepFromProto(request->kernel(), nullptr, &request->inputs(),
-                                                  request->outputs(), request->attrs(), "");
+                                                  request->outputs(), request->attrs(), "", 0);
   std::vector<LaunchSpec> steps;
   if (step.ok()) steps.push_back(*std::move(step));
   return Enqueue(
@@ -569,10 +618,15 @@ grpc::ServerUnaryReactor* ComputeService::Submit(grpc::CallbackServerContext* co
                                                  v1::Job* response) {
   std::vector<LaunchSpec> steps;
   absl::Status parsed;
+  // Counted before anything is parsed: a huge program costs nothing.
+  if (request->steps_size() < 1 || static_cast<size_t>(request->steps_size()) > kMaxProgramSteps) {
+    parsed = absl::InvalidArgumentError(absl::StrCat(
+        "steps has ", request->steps_size(), " entries; the range is 1..", kMaxProgramSteps));
+  }
   for (int i = 0; i < request->steps_size() && parsed.ok(); ++i) {
     const v1::ProgramStep& s = request->steps(i);
     absl::StatusOr<LaunchSpec> step = StepFromProto(s.kernel(), &s.inputs(), nullptr, s.outputs(),
-                                                    s.attrs(), absl::StrCat("steps[", i, "]"));
+                                                    s.attrs(), absl::StrCat("steps[", i, "]"), i);
     if (step.ok()) {
       steps.push_back(*std::move(step));
     } else {
@@ -590,8 +644,11 @@ grpc::ServerUnaryReactor* ComputeService::WaitJob(grpc::CallbackServerContext* c
   auto* reactor = new WaitReactor(context, "WaitJob");
   std::shared_ptr<TenantRuntime> runtime = Authenticate(*authenticator_, reactor, context);
   if (runtime == nullptr) return reactor;
-  if (request->timeout().seconds() < 0 || request->timeout().nanos() < 0) {
-    reactor->CompleteIfUnclaimed(absl::InvalidArgumentError("timeout must be >= 0"));
+  absl::StatusOr<absl::Duration> timeout = DurationFromProto(request->timeout(), "timeout");
+  absl::Status valid = timeout.status();
+  if (valid.ok()) valid = CheckReference(request->job_id(), "job_id", "a job id");
+  if (!valid.ok()) {
+    reactor->CompleteIfUnclaimed(valid);
     return reactor;
   }
   std::string id = request->job_id();
@@ -602,10 +659,8 @@ grpc::ServerUnaryReactor* ComputeService::WaitJob(grpc::CallbackServerContext* c
     return reactor;
   }
   if (request->has_timeout()) {
-    absl::Duration timeout =
-        absl::Seconds(request->timeout().seconds()) + absl::Nanoseconds(request->timeout().nanos());
     std::shared_ptr<TenantRuntime> held = runtime;
-    reactor->SetTimer(absl::Now() + timeout, [reactor, response, held, id] {
+    reactor->SetTimer(absl::Now() + *timeout, [reactor, response, held, id] {
       if (!reactor->Claim()) return;
       absl::StatusOr<JobInfo> now = held->GetJob(id);
       if (now.ok()) JobToProto(*now, response);
@@ -619,6 +674,7 @@ grpc::ServerUnaryReactor* ComputeService::CancelJob(grpc::CallbackServerContext*
                                                     const v1::CancelJobRequest* request,
                                                     v1::Job* response) {
   return Serve(context, "CancelJob", [&](TenantRuntime& runtime) -> absl::Status {
+    RETURN_IF_ERROR(CheckReference(request->job_id(), "job_id", "a job id"));
     ASSIGN_OR_RETURN(JobInfo job, runtime.CancelJob(request->job_id()));
     JobToProto(job, response);
     return absl::OkStatus();
@@ -700,6 +756,7 @@ grpc::ServerUnaryReactor* ComputeService::DeleteKernel(grpc::CallbackServerConte
                                                        v1::DeleteKernelResponse*) {
   return ServeOffThread(context, "DeleteKernel",
                         [this, request](TenantRuntime& runtime) -> absl::Status {
+                          RETURN_IF_ERROR(CheckReference(request->name(), "name", "a kernel name"));
                           return tenants_->DeleteKernel(runtime, request->name());
                         });
 }

@@ -2,186 +2,328 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
 
-#include "server/core/admission.h"
-#include "server/core/tenant_runtime.h"
+#include "server/service/metrics.h"
 
 namespace tessera {
 namespace {
 
-void Family(std::string& out, const char* name, const char* type, const char* help) {
-  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+constexpr size_t kMaxRequestHead = 8192;
+constexpr int kIoTimeoutSeconds = 5;
+
+bool IsLoopback(const sockaddr* addr) {
+  if (addr->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(addr);
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (addr->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(addr);
+    if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+std::string OpenSslError() {
+  unsigned long e = ERR_get_error();
+  if (e == 0) return "unknown error";
+  char buffer[256];
+  ERR_error_string_n(e, buffer, sizeof(buffer));
+  return buffer;
+}
+
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--metrics_token_file=", path, ": cannot read"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::string token(absl::StripAsciiWhitespace(buffer.str()));
+  if (token.empty() || token.find_first_of(" \t\r\n") != std::string::npos) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--metrics_token_file=", path, ": must hold one token (no spaces), and is empty"));
+  }
+  return token;
+}
+
+// One connection's bytes, over TLS or not.
+class Conn {
+ public:
+  Conn(int fd, SSL* ssl) : fd_(fd), ssl_(ssl) {}
+  ssize_t Read(char* buffer, size_t size) {
+    if (ssl_ != nullptr) return SSL_read(ssl_, buffer, static_cast<int>(size));
+    return read(fd_, buffer, size);
+  }
+  bool WriteAll(absl::string_view data) {
+    while (!data.empty()) {
+      ssize_t n = ssl_ != nullptr ? SSL_write(ssl_, data.data(), static_cast<int>(data.size()))
+                                  : send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      data.remove_prefix(static_cast<size_t>(n));
+    }
+    return true;
+  }
+
+ private:
+  int fd_;
+  SSL* ssl_;
+};
+
+std::string Response(absl::string_view status, absl::string_view type, absl::string_view body,
+                     absl::string_view extra_headers = "") {
+  return absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
+                      "\r\nContent-Length: ", body.size(), "\r\n", extra_headers,
+                      "Connection: close\r\n\r\n", body);
 }
 
 }  // namespace
 
-std::string RenderMetrics(const TenantTable& tenants, const Backend& backend) {
-  std::string out;
-  const std::vector<DeviceLoad> loads = tenants.DeviceLoads();
-  Family(out, "tessera_device_memory_bytes", "gauge", "Device memory capacity.");
-  for (const DeviceLoad& l : loads) {
-    absl::StrAppend(&out, "tessera_device_memory_bytes{device=\"", l.device.index, "\"} ",
-                    l.device.memory_bytes, "\n");
-  }
-  Family(out, "tessera_device_reserved_bytes", "gauge", "Memory quotas of tenants on the device.");
-  for (const DeviceLoad& l : loads) {
-    absl::StrAppend(&out, "tessera_device_reserved_bytes{device=\"", l.device.index, "\"} ",
-                    l.reserved_bytes, "\n");
-  }
-  Family(out, "tessera_device_tenants", "gauge", "Tenants (contexts) placed on the device.");
-  for (const DeviceLoad& l : loads) {
-    absl::StrAppend(&out, "tessera_device_tenants{device=\"", l.device.index, "\"} ", l.contexts,
-                    "\n");
-  }
-  Family(out, "tessera_mps_enabled", "gauge", "1 when tenant contexts are MPS clients.");
-  absl::StrAppend(&out, "tessera_mps_enabled ", backend.mps().decision == MpsDecision::kMps ? 1 : 0,
-                  "\n");
-
-  struct Row {
-    std::string id;
-    UsageInfo usage;
-  };
-  std::vector<Row> rows;
-  std::string after;
-  for (;;) {
-    TenantTable::Page page = tenants.List(after, 256);
-    for (const TenantView& t : page.tenants) {
-      absl::StatusOr<std::shared_ptr<TenantRuntime>> rt = tenants.RuntimeOf(t.record.id);
-      if (rt.ok()) rows.push_back({t.record.id, (*rt)->Usage()});
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const MetricsHttpOptions& options, Metrics* metrics) {
+  const std::string& where = options.listen;
+  std::string host, port_text;
+  bool bracketed = false;
+  if (absl::StartsWith(where, "[")) {
+    bracketed = true;
+    size_t close = where.find("]:");
+    if (close != std::string::npos) {
+      host = where.substr(1, close - 1);
+      port_text = where.substr(close + 2);
     }
-    if (page.last_id.empty()) break;
-    after = page.last_id;
+  } else if (size_t colon = where.rfind(':'); colon != std::string::npos) {
+    host = where.substr(0, colon);
+    port_text = where.substr(colon + 1);
   }
-  auto per_tenant = [&](const char* name, const char* type, const char* help, auto value) {
-    Family(out, name, type, help);
-    for (const Row& r : rows) {
-      absl::StrAppend(&out, name, "{tenant=\"", r.id, "\"} ", value(r.usage), "\n");
-    }
-  };
-  per_tenant("tessera_tenant_memory_used_bytes", "gauge",
-             "Bytes the tenant's work holds against its quota (tensors, job scratch, transfer "
-             "staging).",
-             [](const UsageInfo& u) { return u.memory_used_bytes; });
-  per_tenant("tessera_tenant_memory_tensor_bytes", "gauge",
-             "Bytes of the tenant's tensors (and uncommitted uploads).",
-             [](const UsageInfo& u) { return u.memory_tensor_bytes; });
-  per_tenant("tessera_tenant_memory_scratch_bytes", "gauge",
-             "Bytes reserved by the tenant's running jobs besides their outputs.",
-             [](const UsageInfo& u) { return u.memory_scratch_bytes; });
-  per_tenant("tessera_tenant_memory_staging_bytes", "gauge",
-             "Bytes of the tenant's transfer chunks held in host memory.",
-             [](const UsageInfo& u) { return u.memory_staging_bytes; });
-  per_tenant("tessera_tenant_memory_quota_bytes", "gauge", "The tenant's memory quota.",
-             [](const UsageInfo& u) { return u.memory_quota_bytes; });
-  per_tenant("tessera_tenant_tensors", "gauge", "Tensors the tenant holds.",
-             [](const UsageInfo& u) { return u.tensors; });
-  per_tenant("tessera_tenant_jobs_queued", "gauge", "Jobs waiting.",
-             [](const UsageInfo& u) { return u.jobs_queued; });
-  per_tenant("tessera_tenant_jobs_running", "gauge", "Jobs running.",
-             [](const UsageInfo& u) { return u.jobs_running; });
-  per_tenant("tessera_tenant_jobs_succeeded_total", "counter", "Jobs that succeeded.",
-             [](const UsageInfo& u) { return u.jobs_succeeded; });
-  per_tenant("tessera_tenant_jobs_failed_total", "counter", "Jobs that failed.",
-             [](const UsageInfo& u) { return u.jobs_failed; });
-  per_tenant("tessera_tenant_jobs_cancelled_total", "counter",
-             "Jobs cancelled while queued (expired ones included).",
-             [](const UsageInfo& u) { return u.jobs_cancelled; });
-  per_tenant("tessera_tenant_jobs_expired_total", "counter",
-             "Jobs whose deadline passed while they were queued.",
-             [](const UsageInfo& u) { return u.jobs_expired; });
-  per_tenant("tessera_tenant_busy_seconds_total", "counter",
-             "Time the tenant's work spent executing.",
-             [](const UsageInfo& u) { return absl::ToDoubleSeconds(u.busy_time); });
-  return out;
-}
+  int port = -1;
+  if (port_text.empty() || !absl::SimpleAtoi(port_text, &port) || port < 0 || port > 65535 ||
+      (!bracketed && host.find(':') != std::string::npos)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_listen=", where,
+                     ": expected HOST:PORT, [IPV6]:PORT or :PORT (loopback), e.g. 127.0.0.1:9464"));
+  }
+  if (host.empty()) host = "127.0.0.1";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--metrics_listen=", where, ": cannot resolve ",
+                                                   host, ": ", gai_strerror(rc)));
+  }
+  absl::Cleanup free_found = [found] { freeaddrinfo(found); };
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
-                                                                    const TenantTable* tenants,
-                                                                    const Backend* backend) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  in_addr host{};
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
-      port < 0 || port > 65535 ||
-      inet_pton(AF_INET, address.substr(0, colon).c_str(), &host) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics_listen=", address, ": expected IPv4-address:port, e.g. 127.0.0.1:9464"));
-  }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
-  server->tenants_ = tenants;
-  server->backend_ = backend;
-  server->fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  setsockopt(server->fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr = host;
-  if (server->fd_ < 0 || bind(server->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(server->fd_, 16) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics_listen=", address, ": cannot listen: ", std::strerror(errno)));
+  server->metrics_ = metrics;
+  const bool loopback = IsLoopback(found->ai_addr);
+  if (!options.token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadToken(options.token_file);
+    if (!token.ok()) return token.status();
+    server->token_ = *std::move(token);
   }
-  socklen_t len = sizeof(addr);
-  getsockname(server->fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-  server->port_ = ntohs(addr.sin_port);
-  server->thread_ = std::thread([s = server.get()] { s->Serve(); });
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--metrics_tls_cert and --metrics_tls_key must be given together");
+  }
+  if (!options.tls_client_ca.empty() && options.tls_cert.empty()) {
+    return absl::InvalidArgumentError(
+        "--metrics_tls_client_ca (client certificates) needs --metrics_tls_cert and "
+        "--metrics_tls_key");
+  }
+  if (!loopback && server->token_.empty() && options.tls_client_ca.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_listen=", where,
+        " is not a loopback address, and /metrics lists every tenant: give "
+        "--metrics_token_file (scrapes send \"Authorization: Bearer TOKEN\") or "
+        "--metrics_tls_client_ca with --metrics_tls_cert/--metrics_tls_key (scrapes present "
+        "a client certificate), or listen on 127.0.0.1"));
+  }
+  if (!options.tls_cert.empty()) {
+    SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+    server->ssl_ = ctx;
+    if (ctx == nullptr || SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) != 1) {
+      return absl::InternalError(absl::StrCat("metrics TLS: ", OpenSslError()));
+    }
+    if (SSL_CTX_use_certificate_chain_file(ctx, options.tls_cert.c_str()) != 1) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--metrics_tls_cert=", options.tls_cert, ": ", OpenSslError()));
+    }
+    if (SSL_CTX_use_PrivateKey_file(ctx, options.tls_key.c_str(), SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(ctx) != 1) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--metrics_tls_key=", options.tls_key, ": ", OpenSslError()));
+    }
+    if (!options.tls_client_ca.empty()) {
+      if (SSL_CTX_load_verify_locations(ctx, options.tls_client_ca.c_str(), nullptr) != 1) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("--metrics_tls_client_ca=", options.tls_client_ca, ": ", OpenSslError()));
+      }
+      SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+    }
+  }
+
+  server->fd_ = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (server->fd_ >= 0) setsockopt(server->fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (server->fd_ < 0 || bind(server->fd_, found->ai_addr, found->ai_addrlen) != 0 ||
+      ::listen(server->fd_, 64) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_listen=", where, ": cannot listen: ", std::strerror(errno)));
+  }
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  getsockname(server->fd_, reinterpret_cast<sockaddr*>(&bound), &len);
+  char numeric[NI_MAXHOST] = "", service[NI_MAXSERV] = "";
+  getnameinfo(reinterpret_cast<sockaddr*>(&bound), len, numeric, sizeof(numeric), service,
+              sizeof(service), NI_NUMERICHOST | NI_NUMERICSERV);
+  server->port_ = std::atoi(service);
+  server->address_ = bound.ss_family == AF_INET6 ? absl::StrCat("[", numeric, "]:", service)
+                                                 : absl::StrCat(numeric, ":", service);
+  server->acceptor_ = std::thread([s = server.get()] { s->Accept(); });
   return server;
 }
 
 MetricsServer::~MetricsServer() {
   stop_ = true;
-  if (thread_.joinable()) thread_.join();
+  if (acceptor_.joinable()) acceptor_.join();
   if (fd_ >= 0) close(fd_);
+  {
+    // Connection threads end within their I/O timeouts.
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &connections_));
+  }
+  if (ssl_ != nullptr) SSL_CTX_free(ssl_);
 }
 
-void MetricsServer::Serve() {
+void MetricsServer::Accept() {
   while (!stop_) {
     pollfd p{fd_, POLLIN, 0};
     if (poll(&p, 1, 200) <= 0) continue;
     int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) continue;
-    // Read the request head: at most 8 KiB within 2 s.
-    std::string request;
-    const absl::Time deadline = absl::Now() + absl::Seconds(2);
-    while (request.size() < 8192 && request.find("\r\n\r\n") == std::string::npos &&
-           absl::Now() < deadline) {
-      pollfd c{conn, POLLIN, 0};
-      if (poll(&c, 1, 100) <= 0) continue;
-      char buffer[1024];
-      ssize_t n = read(conn, buffer, sizeof(buffer));
-      if (n <= 0) break;
-      request.append(buffer, static_cast<size_t>(n));
+    {
+      absl::MutexLock lock(&mu_);
+      if (connections_ >= kMaxConnections) {
+        close(conn);  // a flood of idle connections costs them theirs, not a scrape
+        continue;
+      }
+      connections_++;
     }
-    std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
-    if (absl::StartsWith(request, "GET /metrics ") || absl::StartsWith(request, "GET /metrics?")) {
-      body = RenderMetrics(*tenants_, *backend_);
-    } else {
-      status = "404 Not Found";
-      type = "text/plain; charset=utf-8";
-      body = "only GET /metrics is served here\n";
-    }
-    std::string response =
-        absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: ", type,
-                     "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
-    for (size_t sent = 0; sent < response.size();) {
-      ssize_t n = send(conn, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) break;
-      sent += static_cast<size_t>(n);
-    }
-    close(conn);
+    std::thread([this, conn] {
+      Serve(conn);
+      absl::MutexLock lock(&mu_);
+      connections_--;
+    }).detach();
   }
+}
+
+void MetricsServer::Serve(int fd) {
+  timeval timeout{kIoTimeoutSeconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  SSL* ssl = nullptr;
+  absl::Cleanup done = [&] {
+    if (ssl != nullptr) {
+      SSL_shutdown(ssl);
+      SSL_free(ssl);
+    }
+    close(fd);
+  };
+  if (ssl_ != nullptr) {
+    ssl = SSL_new(ssl_);
+    if (ssl == nullptr || SSL_set_fd(ssl, fd) != 1 || SSL_accept(ssl) != 1) {
+      ERR_clear_error();
+      return;  // no certificate, or not TLS: the handshake is the refusal
+    }
+  }
+  Conn conn(fd, ssl);
+  std::string request;
+  const absl::Time deadline = absl::Now() + absl::Seconds(kIoTimeoutSeconds);
+  while (request.size() < kMaxRequestHead && request.find("\r\n\r\n") == std::string::npos &&
+         absl::Now() < deadline) {
+    char buffer[1024];
+    ssize_t n = conn.Read(buffer, sizeof(buffer));
+    if (n <= 0) break;
+    request.append(buffer, static_cast<size_t>(n));
+  }
+  const size_t head_end = request.find("\r\n\r\n");
+  if (head_end == std::string::npos) {
+    conn.WriteAll(Response("400 Bad Request", "text/plain; charset=utf-8",
+                           "incomplete or oversized request head\n"));
+    return;
+  }
+  std::vector<absl::string_view> lines =
+      absl::StrSplit(absl::string_view(request).substr(0, head_end), "\r\n");
+  std::vector<absl::string_view> first = absl::StrSplit(lines[0], ' ');
+  if (first.size() != 3 || !absl::StartsWith(first[2], "HTTP/1.")) {
+    conn.WriteAll(
+        Response("400 Bad Request", "text/plain; charset=utf-8", "malformed request line\n"));
+    return;
+  }
+  const absl::string_view method = first[0];
+  const absl::string_view path = first[1].substr(0, first[1].find('?'));
+  if (path != "/metrics") {
+    conn.WriteAll(Response("404 Not Found", "text/plain; charset=utf-8",
+                           "only GET /metrics is served here\n"));
+    return;
+  }
+  if (method != "GET" && method != "HEAD") {
+    conn.WriteAll(Response("405 Method Not Allowed", "text/plain; charset=utf-8",
+                           "only GET /metrics is served here\n", "Allow: GET, HEAD\r\n"));
+    return;
+  }
+  if (!token_.empty()) {
+    absl::string_view presented;
+    for (size_t i = 1; i < lines.size(); ++i) {
+      absl::string_view line = lines[i];
+      size_t colon = line.find(':');
+      if (colon == absl::string_view::npos) continue;
+      if (!absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(line.substr(0, colon)),
+                                  "authorization")) {
+        continue;
+      }
+      absl::string_view value = absl::StripAsciiWhitespace(line.substr(colon + 1));
+      if (value.size() > 7 && absl::EqualsIgnoreCase(value.substr(0, 7), "bearer ")) {
+        presented = absl::StripAsciiWhitespace(value.substr(7));
+      }
+    }
+    if (presented.size() != token_.size() ||
+        CRYPTO_memcmp(presented.data(), token_.data(), token_.size()) != 0) {
+      conn.WriteAll(Response("401 Unauthorized", "text/plain; charset=utf-8",
+                             "a bearer token is required: Authorization: Bearer TOKEN\n",
+                             "WWW-Authenticate: Bearer realm=\"tessera-metrics\"\r\n"));
+      return;
+    }
+  }
+  std::string body = metrics_->Render();
+  std::string response = Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", body);
+  if (method == "HEAD") response.resize(response.size() - body.size());
+  conn.WriteAll(response);
 }
 
 }  // namespace tessera

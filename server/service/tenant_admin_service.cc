@@ -22,10 +22,17 @@ namespace {
 
 constexpr absl::string_view kTenantPages = "tenants";
 
+absl::Status CheckLabelCount(size_t count, absl::string_view field) {
+  if (count <= kMaxLabels) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " has ", count, " entries; the limit is ", kMaxLabels));
+}
+
 // Translates an UpdateTenantRequest into the core's update.
 absl::StatusOr<TenantTable::MetadataUpdate> UpdateFromRequest(
     const v1::UpdateTenantRequest& request) {
   const v1::Tenant& tenant = request.tenant();
+  RETURN_IF_ERROR(CheckLabelCount(tenant.labels().size(), "tenant.labels"));
   TenantTable::MetadataUpdate update;
   if (request.update_mask().paths_size() == 0) {
     if (!tenant.display_name().empty()) update.display_name = tenant.display_name();
@@ -105,6 +112,8 @@ grpc::ServerUnaryReactor* TenantAdminService::RegisterTenant(
       context, "RegisterTenant", /*mutation=*/true,
       [this, request, response](CallLog& log) -> absl::Status {
         log.set_tenant(request->tenant_id().substr(0, kMaxTenantIdLength));
+        // Counted before the map is copied: a huge one costs nothing.
+        RETURN_IF_ERROR(CheckLabelCount(request->labels().size(), "labels"));
         ASSIGN_OR_RETURN(TenantTable::Registered registered,
                          tenants_->Register(TenantSpecFromProto(*request)));
         TenantToProto(registered.tenant, response->mutable_tenant());

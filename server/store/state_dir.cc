@@ -12,13 +12,30 @@
 #include "absl/strings/str_cat.h"
 
 namespace tessera {
+namespace {
+
+// Makes `dir`'s entries (a file or directory just created in it) durable; best effort, as
+// some file systems refuse fsync on a directory.
+void SyncDirectory(const std::string& dir) {
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)fsync(fd);
+  close(fd);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<StateDir>> StateDir::Open(const std::string& path) {
   std::error_code ec;
-  std::filesystem::create_directories(path, ec);
+  const bool created = std::filesystem::create_directories(path, ec);
   if (ec) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create state directory ", path, ": ", ec.message()));
+  }
+  if (created) {
+    // A new state directory survives a power loss with the first commit inside it.
+    std::filesystem::path parent = std::filesystem::absolute(path, ec).parent_path();
+    if (!ec) SyncDirectory(parent.string());
   }
   chmod(path.c_str(), 0700);  // best effort: the directory holds credentials
   std::string lock_path = path + "/LOCK";

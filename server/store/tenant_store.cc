@@ -3,7 +3,9 @@
 #include <cstring>
 #include <utility>
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -80,6 +82,18 @@ class Statement {
   sqlite3_stmt* stmt_ = nullptr;
   absl::Status status_;
 };
+
+// Best effort: some file systems refuse fsync on a directory.
+void SyncParentDirectory(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)fsync(fd);
+  close(fd);
+}
 
 int64_t ToMicros(absl::Time t) { return absl::ToUnixMicros(t); }
 absl::Time FromMicros(int64_t us) { return absl::FromUnixMicros(us); }
@@ -172,6 +186,10 @@ absl::StatusOr<std::unique_ptr<TenantStore>> TenantStore::Open(const std::string
     RETURN_IF_ERROR(txn.Begin());
     RETURN_IF_ERROR(Exec(db, kSchema));
     RETURN_IF_ERROR(txn.Commit());
+    // A new database file: SQLite syncs the directory for the -wal file it creates but not
+    // for the main file, so without this a power loss could take the file's directory entry
+    // (and every commit checkpointed into it) with it.
+    SyncParentDirectory(path);
   }
   return store;
 }

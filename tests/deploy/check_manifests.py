@@ -33,6 +33,10 @@ properties that failed (tests/deploy/check_deploy.sh reads it).
                     injects it), no container running nvidia-cuda-mps-control
   metrics           prometheus.io annotations, when present, match --metrics_listen's port,
                     which is a container port
+  metrics-auth      a --metrics_listen off loopback has --metrics_token_file (or
+                    --metrics_tls_client_ca with --metrics_tls_cert/--metrics_tls_key), its
+                    files on a mounted Secret the server's uid can read (the server refuses
+                    to start otherwise)
 """
 import glob
 import os
@@ -393,6 +397,32 @@ def check_daemonset(path, ds, report):
         if port is not None and int(port) not in ports:
             report.fail(sv, "metrics", f"the metrics port {port} is not a container port")
 
+    # metrics-auth
+    listen = f.get("metrics_listen")
+    if isinstance(listen, str) and listen:
+        host = listen.rsplit(":", 1)[0].strip("[]")
+        loopback = host in ("", "localhost", "::1") or host.startswith("127.")
+        if not loopback:
+            needed = (["metrics_token_file"] if f.get("metrics_token_file") else
+                     ["metrics_tls_cert", "metrics_tls_key", "metrics_tls_client_ca"]
+                     if f.get("metrics_tls_client_ca") else [])
+            if not needed:
+                report.fail(sv, "metrics-auth",
+                            f"--metrics_listen={listen} is not loopback and has neither "
+                            "--metrics_token_file nor --metrics_tls_client_ca: the server "
+                            "refuses to start")
+            for flag in needed:
+                file = f.get(flag)
+                volume, _ = volume_for(pod, server, file) if isinstance(file, str) else (None, None)
+                secret = (volume or {}).get("secret")
+                if secret is None:
+                    report.fail(sv, "metrics-auth", f"--{flag}={file} is not on a mounted Secret")
+                    continue
+                mode = secret.get("defaultMode", 0o644)
+                if not (bool(mode & 0o004) or fs_group is not None or uid == 0):
+                    report.fail(sv, "metrics-auth", f"--{flag}={file}: Secret mode {oct(mode)} "
+                                f"is not readable by uid {uid}")
+
 
 def self_test(directory):
     """Each property must fail on a DaemonSet of DIRECTORY broken in that one way."""
@@ -425,6 +455,7 @@ def self_test(directory):
         "mps-pipe": lambda p: volume(p, "mps").update(
             hostPath={"path": "/run/tessera-mps"}) or volume(p, "mps").pop("emptyDir"),
         "metrics": lambda p: set_arg(p, "metrics_listen", "0.0.0.0:9999"),
+        "metrics-auth": lambda p: set_arg(p, "metrics_token_file", None),
     }
     # The device plugin's MPS: the plugin mounts /dev/shm and injects the pipe directory.
     plugin_mutations = {

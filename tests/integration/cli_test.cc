@@ -1,12 +1,22 @@
-// Smoke test of the `tessera` CLI against a real server.
+// The `tessera` CLI (and tessera-server's --help and --version) as a user meets them, against
+// a real server on loopback: help, version, every exit status, stdin/stdout pipes, size units,
+// attribute errors, human and JSON output, the progress bar.
 #include <cstring>
+#include <regex>
+#include <set>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 
 #include "tessera/npy.h"
@@ -17,24 +27,454 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::testing::StartsWith;
+
+// The documented exit statuses (client/cli/command_tree.h).
+constexpr int kOk = 0;
+constexpr int kRefused = 1;
+constexpr int kUsage = 2;
+constexpr int kUnreachable = 3;
+
+// A loopback port nothing listens on: bound, then closed.
+int ClosedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// `text` in single quotes for sh.
+std::string Quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
 
 class CliTest : public testing::ServerTest {
  protected:
-  testing::CommandResult Cli(std::vector<std::string> args, std::string token = "") {
+  std::map<std::string, std::string> Env(const std::string& token = "") const {
+    return {{"TESSERA_ADDR", server_->address()},
+            {"TESSERA_TOKEN", token.empty() ? server_->AdminToken() : token}};
+  }
+
+  // Runs the CLI with `args`; stdout and stderr together.
+  testing::CommandResult Cli(std::vector<std::string> args, const std::string& token = "") {
     args.insert(args.begin(), testing::CliBinary());
-    std::map<std::string, std::string> env = {
-        {"TESSERA_ADDR", server_->address()},
-        {"TESSERA_TOKEN", token.empty() ? server_->AdminToken() : token}};
-    auto result = testing::RunCommand(args, env);
+    auto result = testing::RunCommand(args, Env(token));
     EXPECT_TRUE(result.ok()) << result.status();
     return result.ok() ? *result : testing::CommandResult{};
   }
+
+  // Runs a sh command line in which $TESSERA is the CLI.
+  testing::CommandResult Shell(const std::string& line, const std::string& token = "") {
+    std::map<std::string, std::string> env = Env(token);
+    env["TESSERA"] = testing::CliBinary();
+    auto result = testing::RunCommand({"/bin/sh", "-c", line}, env);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? *result : testing::CommandResult{};
+  }
+
+  // A tenant with a 2x3 f32 tensor of 2.5: its key and the tensor's handle.
+  std::pair<std::string, std::string> TenantWithTensor() {
+    const std::string key = MustRegister("alpha");
+    auto run = Cli({"run", "fill", "--attr=shape=[2,3];value=2.5", "--output=json"}, key);
+    EXPECT_EQ(run.exit_code, kOk) << run.output;
+    v1::Job job;
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(run.output, &job).ok()) << run.output;
+    EXPECT_EQ(job.outputs_size(), 1);
+    return {key, job.outputs_size() == 1 ? job.outputs(0).handle() : ""};
+  }
 };
 
+// ---- help --------------------------------------------------------------------------------------
+
+TEST_F(CliTest, HelpAtTheTopListsCommandsFlagsAndExitStatuses) {
+  auto help = Cli({"--help"});
+  EXPECT_EQ(help.exit_code, kOk) << help.output;
+  EXPECT_THAT(help.output, StartsWith("Command-line client for a Tessera server"));
+  EXPECT_THAT(help.output, HasSubstr("Usage: tessera [GLOBAL FLAGS] COMMAND"));
+  for (const char* command :
+       {"tenant register ID", "tenant rotate-key ID", "server info", "mps status",
+        "tensor put FILE|-", "tensor get HANDLE", "run KERNEL", "kernel define [NAME]", "usage",
+        "help [COMMAND...]", "completion bash"}) {
+    EXPECT_THAT(help.output, HasSubstr(command));
+  }
+  EXPECT_THAT(help.output, HasSubstr("--addr=HOST:PORT"));
+  EXPECT_THAT(help.output, HasSubstr("--output=text|json"));
+  EXPECT_THAT(help.output, HasSubstr("Exit status:"));
+  EXPECT_THAT(help.output, HasSubstr("3  could not reach the server"));
+  EXPECT_THAT(help.output, Not(HasSubstr("No flags matched")));
+  EXPECT_EQ(Cli({"-h"}).output, help.output);
+  auto help_command = Cli({"help"});
+  EXPECT_EQ(help_command.exit_code, kOk);
+  EXPECT_EQ(help_command.output, help.output);
+}
+
+TEST_F(CliTest, HelpPerCommandWithExamples) {
+  auto help = Cli({"tenant", "register", "--help"});
+  EXPECT_EQ(help.exit_code, kOk) << help.output;
+  EXPECT_THAT(help.output, HasSubstr("Usage: tessera tenant register ID --memory=SIZE"));
+  EXPECT_THAT(help.output, HasSubstr("--memory=SIZE"));
+  EXPECT_THAT(help.output, HasSubstr("--compute_share=N"));
+  EXPECT_THAT(help.output, HasSubstr("Examples:\n  tessera tenant register alpha --memory=2Gi"));
+  EXPECT_THAT(help.output, HasSubstr("Global flags"));
+  EXPECT_THAT(help.output, Not(HasSubstr("--page_size")));  // tenant list's
+  EXPECT_EQ(Cli({"help", "tenant", "register"}).output, help.output);
+
+  auto get = Cli({"tensor", "get", "--help"});
+  EXPECT_EQ(get.exit_code, kOk);
+  EXPECT_THAT(get.output, HasSubstr("-o FILE"));
+  EXPECT_THAT(get.output, HasSubstr("-o - | python3"));
+
+  auto group = Cli({"tenant", "--help"});
+  EXPECT_EQ(group.exit_code, kOk);
+  for (const char* verb :
+       {"register ID", "get ID", "list", "update ID", "deregister ID", "rotate-key ID"}) {
+    EXPECT_THAT(group.output, HasSubstr(verb));
+  }
+  auto unknown = Cli({"help", "frobnicate"});
+  EXPECT_EQ(unknown.exit_code, kUsage);
+  EXPECT_THAT(unknown.output, HasSubstr("unknown command \"frobnicate\""));
+}
+
+TEST_F(CliTest, CompletionScriptIsValidBash) {
+  auto script = Cli({"completion", "bash"});
+  EXPECT_EQ(script.exit_code, kOk);
+  EXPECT_THAT(script.output, HasSubstr("complete -o default -F _tessera tessera"));
+  EXPECT_THAT(script.output, HasSubstr("\"tenant register\"|\"tenant register \"*)"));
+  if (access("/bin/bash", X_OK) == 0) {
+    auto checked = Shell("\"$TESSERA\" completion bash | /bin/bash -n");
+    EXPECT_EQ(checked.exit_code, 0) << checked.output;
+  }
+}
+
+// ---- version -----------------------------------------------------------------------------------
+
+TEST_F(CliTest, VersionOfTheCliAndTheServer) {
+  auto version = Cli({"--version"});
+  EXPECT_EQ(version.exit_code, kOk) << version.output;
+  EXPECT_TRUE(std::regex_search(version.output, std::regex(R"(^tessera \d+\.\d+\.\d+ \(git )")))
+      << version.output;
+  EXPECT_THAT(version.output, Not(HasSubstr("NDEBUG")));
+
+  auto server = testing::RunCommand({testing::ServerBinary(), "--version"}, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(server->exit_code, 0) << server->output;
+  EXPECT_TRUE(std::regex_search(server->output, std::regex(R"(^tessera-server \d+\.\d+\.\d+\n)")))
+      << server->output;
+  EXPECT_THAT(server->output, HasSubstr("build type:"));
+  EXPECT_THAT(server->output, HasSubstr("git revision:"));
+  EXPECT_THAT(server->output, HasSubstr("CUDA toolkit:"));
+  // The server and the CLI come from one build: the same version.
+  const std::string cli_version = version.output.substr(8, version.output.find(' ', 8) - 8);
+  EXPECT_THAT(server->output, StartsWith(absl::StrCat("tessera-server ", cli_version, "\n")));
+}
+
+TEST_F(CliTest, ServerHelpListsEveryFlagByTopicWithDefaults) {
+  auto help = testing::RunCommand({testing::ServerBinary(), "--help"}, {});
+  ASSERT_TRUE(help.ok()) << help.status();
+  EXPECT_EQ(help->exit_code, 0) << help->output;
+  EXPECT_THAT(help->output, Not(HasSubstr("No flags matched")));
+  for (const char* topic : {"\nServing:\n", "\nTLS:\n", "\nBackend and admission:\n", "\nMPS:\n",
+                            "\nMetrics:\n", "\nLogging:\n"}) {
+    EXPECT_THAT(help->output, HasSubstr(topic));
+  }
+  EXPECT_THAT(help->output, HasSubstr("--listen (default: 127.0.0.1:50051)"));
+  EXPECT_THAT(help->output, HasSubstr("--backend (default: auto)"));
+
+  // Every flag that absl's --helpfull lists for server/main.cc is in --help.
+  auto full = testing::RunCommand({testing::ServerBinary(), "--helpfull"}, {});
+  ASSERT_TRUE(full.ok()) << full.status();
+  const size_t section = full->output.find("Flags from server/main.cc:");
+  ASSERT_NE(section, std::string::npos) << full->output;
+  const size_t end = full->output.find("Flags from", section + 1);
+  const std::string flags = full->output.substr(section, end - section);
+  std::set<std::string> names;
+  const std::regex flag(R"(--([a-z0-9_]+) \()");
+  for (auto it = std::sregex_iterator(flags.begin(), flags.end(), flag);
+       it != std::sregex_iterator(); ++it) {
+    names.insert((*it)[1]);
+  }
+  EXPECT_GT(names.size(), 25u);
+  for (const std::string& name : names) {
+    EXPECT_THAT(help->output, HasSubstr(absl::StrCat("  --", name, " (default: "))) << name;
+  }
+}
+
+// ---- exit statuses -----------------------------------------------------------------------------
+
+TEST_F(CliTest, ExitStatusZeroAndOneForWhatTheServerSays) {
+  EXPECT_EQ(Cli({"tenant", "list"}).exit_code, kOk);
+  auto missing = Cli({"tenant", "get", "nobody"});
+  EXPECT_EQ(missing.exit_code, kRefused);
+  EXPECT_THAT(missing.output, HasSubstr("NOT_FOUND"));
+  auto denied = Cli({"server", "info"}, "wrong-token");
+  EXPECT_EQ(denied.exit_code, kRefused);
+  EXPECT_THAT(denied.output, HasSubstr("UNAUTHENTICATED"));
+  auto quota = Cli({"tenant", "register", "big", "--memory=1Pi"});
+  EXPECT_EQ(quota.exit_code, kRefused) << quota.output;
+  EXPECT_THAT(quota.output, HasSubstr("RESOURCE_EXHAUSTED"));
+}
+
+TEST_F(CliTest, ExitStatusTwoForUsageErrors) {
+  ASSERT_EQ(Cli({"tenant", "register", "alpha", "--memory=1Gi", "--display_name=Alpha"}).exit_code,
+            kOk);
+  struct Case {
+    std::vector<std::string> args;
+    const char* says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{}, "no command given"},
+           {{"frobnicate"}, "unknown command \"frobnicate\""},
+           {{"tenant"}, "which command?"},
+           {{"tenant", "frobnicate"}, "unknown command \"frobnicate\""},
+           {{"tenant", "list", "--frobnicate"}, "unknown flag --frobnicate"},
+           {{"--frobnicate", "tenant", "list"}, "unknown flag --frobnicate"},
+           {{"tenant", "get", "alpha", "--display_name=oops"},
+            "--display_name does not apply to `tenant get`"},
+           {{"tenant", "get", "alpha", "--memory=1Gi"}, "--memory does not apply"},
+           {{"tenant", "get"}, "ID is required"},
+           {{"tenant", "get", "alpha", "beta"}, "unexpected argument \"beta\""},
+           {{"tenant", "register", "x", "--memory=lots"}, "\"lots\" is not a size"},
+           {{"tenant", "register", "x", "--memory=1m"}, "milli"},
+           {{"tenant", "register", "x", "--memory=0"}, "more than 0"},
+           {{"tenant", "register", "x", "--memory=1Gi", "--compute_share=0"}, "--compute_share"},
+           {{"tenant", "register", "x", "--memory=1Gi", "--compute_share=lots"}, "--compute_share"},
+           {{"tenant", "register", "x", "--memory=1Gi", "--priority=high"}, "--priority"},
+           {{"tenant", "register", "x", "--memory=1Gi", "--labels=team"}, "not key=value"},
+           {{"tenant", "update", "alpha"}, "give --display_name and/or --labels"},
+           {{"tenant", "list", "--output=yaml"}, "--output"},
+           {{"tenant", "list", "--timeout=soon"}, "not a duration"},
+           {{"tensor", "get", "t_x"}, "-o is required"},
+           {{"tensor", "put", "/nonexistent/x.npy"}, "cannot read /nonexistent/x.npy"},
+           {{"tensor", "get", "t_x", "-o", "/nonexistent/dir/x.npy"}, "cannot write"},
+           {{"tensor", "put", "x.npy", "--chunk=0"}, "chunk size"},
+           {{"run"}, "KERNEL is required"},
+           {{"run", "fill", "--attr=shape"}, "is not k=v"},
+           {{"run", "fill", "--attr=shape=[a]"}, "list item \"a\""},
+           {{"kernel", "define", "--file=/nonexistent.tk"}, "cannot read"},
+       }) {
+    auto result = Cli(c.args);
+    EXPECT_EQ(result.exit_code, kUsage) << absl::StrJoin(c.args, " ") << "\n" << result.output;
+    EXPECT_THAT(result.output, HasSubstr(c.says)) << absl::StrJoin(c.args, " ");
+    EXPECT_THAT(result.output, HasSubstr("--help` for usage")) << absl::StrJoin(c.args, " ");
+  }
+  // The refused flag changed nothing.
+  auto alpha = Cli({"tenant", "get", "alpha"});
+  EXPECT_THAT(alpha.output, HasSubstr("display_name:    Alpha\n"));
+}
+
+TEST_F(CliTest, UsageErrorsAreFoundBeforeAnyCall) {
+  // No server at this address: a command that got as far as a call would exit 3.
+  const std::string nowhere = absl::StrCat("--addr=127.0.0.1:", ClosedPort());
+  auto no_memory = Cli({"tenant", "register", "beta", nowhere});
+  EXPECT_EQ(no_memory.exit_code, kUsage) << no_memory.output;
+  EXPECT_THAT(no_memory.output, HasSubstr("--memory is required"));
+  EXPECT_EQ(Cli({"tenant", "get", "alpha", "--display_name=oops", nowhere}).exit_code, kUsage);
+  EXPECT_EQ(Cli({"tenant", "register", "x", "--memory=lots", nowhere}).exit_code, kUsage);
+  EXPECT_EQ(Cli({"run", "sum", "--attr=axes=[1,x]", nowhere}).exit_code, kUsage);
+  EXPECT_EQ(Cli({"tensor", "put", "/nonexistent.npy", nowhere}).exit_code, kUsage);
+}
+
+TEST_F(CliTest, ExitStatusThreeWhenTheServerCannotBeReached) {
+  const std::string nowhere = absl::StrCat("--addr=127.0.0.1:", ClosedPort());
+  auto refused = Cli({"server", "info", nowhere});
+  EXPECT_EQ(refused.exit_code, kUnreachable) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr("could not reach the server at 127.0.0.1:"));
+  EXPECT_THAT(refused.output, HasSubstr("--addr or $TESSERA_ADDR"));
+  EXPECT_EQ(Cli({"tenant", "register", "x", "--memory=1Gi", nowhere}).exit_code, kUnreachable);
+  EXPECT_EQ(Cli({"usage", nowhere}).exit_code, kUnreachable);
+}
+
+// ---- pipes -------------------------------------------------------------------------------------
+
+TEST_F(CliTest, TensorGetWritesStdoutForAPipe) {
+  const auto [key, handle] = TenantWithTensor();
+  auto piped =
+      Shell(absl::StrCat("\"$TESSERA\" tensor get ", handle,
+                         " -o - | python3 -c 'import numpy, sys; a = numpy.load(sys.stdin.buffer); "
+                         "print(a.dtype, a.shape, float(a.sum()))'"),
+            key);
+  EXPECT_EQ(piped.exit_code, 0) << piped.output;
+  EXPECT_EQ(piped.output, "float32 (2, 3) 15.0\n");
+
+  // stdout carries the array and nothing else; nothing named "-" is written.
+  testing::TempDir files;
+  auto redirected = Shell(absl::StrCat("cd ", Quoted(files.path()), " && \"$TESSERA\" tensor get ",
+                                       handle, " -o - > out.npy"),
+                          key);
+  EXPECT_EQ(redirected.exit_code, 0) << redirected.output;
+  EXPECT_EQ(redirected.output, "");
+  auto array = ReadNpyFile(files.File("out.npy"));
+  ASSERT_TRUE(array.ok()) << array.status();
+  EXPECT_EQ(array->shape, (std::vector<int64_t>{2, 3}));
+  float first;
+  std::memcpy(&first, array->data.data(), 4);
+  EXPECT_EQ(first, 2.5f);
+  EXPECT_NE(access(files.File("-").c_str(), F_OK), 0);
+}
+
+TEST_F(CliTest, TensorPutReadsStdin) {
+  const std::string key = MustRegister("alpha");
+  auto put = Shell(
+      "python3 -c 'import numpy, sys; numpy.save(sys.stdout.buffer, "
+      "numpy.arange(6, dtype=numpy.float32).reshape(2, 3))' | \"$TESSERA\" tensor put -",
+      key);
+  ASSERT_EQ(put.exit_code, 0) << put.output;
+  const std::string handle(absl::StripAsciiWhitespace(put.output));
+  auto tenant = ClientWith(key);
+  auto info = tenant->GetTensor(handle);
+  ASSERT_TRUE(info.ok()) << info.status() << " for " << put.output;
+  EXPECT_EQ(info->dtype(), v1::DTYPE_F32);
+  EXPECT_THAT(info->shape(), ::testing::ElementsAre(2, 3));
+  auto bytes = tenant->Download(handle);
+  ASSERT_TRUE(bytes.ok());
+  std::vector<float> values(6);
+  std::memcpy(values.data(), bytes->data(), 24);
+  EXPECT_THAT(values, ::testing::ElementsAre(0, 1, 2, 3, 4, 5));
+
+  // A redirected file on stdin, and garbage on stdin.
+  testing::TempDir files;
+  NpyArray array{v1::DTYPE_I32, {3}, std::string(12, '\1')};
+  ASSERT_TRUE(WriteNpyFile(files.File("x.npy"), array).ok());
+  auto redirected =
+      Shell(absl::StrCat("\"$TESSERA\" tensor put - < ", Quoted(files.File("x.npy"))), key);
+  EXPECT_EQ(redirected.exit_code, 0) << redirected.output;
+  auto garbage = Shell("echo 'not an array' | \"$TESSERA\" tensor put -", key);
+  EXPECT_EQ(garbage.exit_code, kUsage) << garbage.output;
+  EXPECT_THAT(garbage.output, HasSubstr("stdin: not a .npy file"));
+  auto truncated = Shell(
+      absl::StrCat("head -c 100 ", Quoted(files.File("x.npy")), " | \"$TESSERA\" tensor put -"),
+      key);
+  EXPECT_EQ(truncated.exit_code, kUsage) << truncated.output;
+  EXPECT_THAT(truncated.output, HasSubstr("needs 12"));
+}
+
+TEST_F(CliTest, KernelDefinitionAndTokenFromStdin) {
+  const std::string key = MustRegister("alpha");
+  auto defined = Shell(
+      "echo 'kernel swish(x: f32) -> (y: f32) { y = x * sigmoid(x) }' | "
+      "\"$TESSERA\" kernel define --file -",
+      key);
+  EXPECT_EQ(defined.exit_code, 0) << defined.output;
+  EXPECT_THAT(defined.output, HasSubstr("defined swish"));
+  auto mismatch = Shell(
+      "echo 'kernel swish2(x: f32) -> (y: f32) { y = x }' | "
+      "\"$TESSERA\" kernel define other --file -",
+      key);
+  EXPECT_EQ(mismatch.exit_code, kUsage);
+  EXPECT_THAT(mismatch.output, HasSubstr("defines \"swish2\", not \"other\""));
+
+  auto token = Shell(absl::StrCat("echo ", key,
+                                  " | TESSERA_TOKEN= \"$TESSERA\" --token_file=- "
+                                  "kernel ls"));
+  EXPECT_EQ(token.exit_code, 0) << token.output;
+  EXPECT_THAT(token.output, HasSubstr("kernel swish"));
+  auto both = Shell("echo x | \"$TESSERA\" --token_file=- tensor put -", key);
+  EXPECT_EQ(both.exit_code, kUsage);
+  EXPECT_THAT(both.output, HasSubstr("cannot both read stdin"));
+}
+
+// ---- units, attributes, formatting, JSON --------------------------------------------------------
+
+TEST_F(CliTest, DecimalAndBinarySizesRegisterDifferentQuotas) {
+  auto decimal = Cli({"tenant", "register", "dec", "--memory=1G"});
+  ASSERT_EQ(decimal.exit_code, kOk) << decimal.output;
+  EXPECT_THAT(decimal.output, HasSubstr("memory quota:    1 GB (1,000,000,000 bytes)"));
+  EXPECT_THAT(decimal.output, HasSubstr("decimal units"));
+  auto binary = Cli({"tenant", "register", "bin", "--memory=1Gi"});
+  ASSERT_EQ(binary.exit_code, kOk) << binary.output;
+  EXPECT_THAT(binary.output, HasSubstr("memory quota:    1 GiB (1,073,741,824 bytes)"));
+  EXPECT_THAT(binary.output, Not(HasSubstr("decimal")));
+
+  auto dec = admin_->GetTenant("dec");
+  auto bin = admin_->GetTenant("bin");
+  ASSERT_TRUE(dec.ok() && bin.ok());
+  EXPECT_EQ(dec->quota().device_memory_bytes(), 1'000'000'000u);
+  EXPECT_EQ(bin->quota().device_memory_bytes(), uint64_t{1} << 30);
+  EXPECT_EQ(Cli({"tenant", "register", "gib", "--memory=2GiB"}).exit_code, kOk);
+  EXPECT_EQ(admin_->GetTenant("gib")->quota().device_memory_bytes(), uint64_t{2} << 30);
+}
+
+TEST_F(CliTest, AttributeErrorsShowTheSyntax) {
+  const auto [key, handle] = TenantWithTensor();
+  auto scalar = Cli({"run", "sum", "--in=" + handle, "--attr=axes=1"}, key);
+  EXPECT_EQ(scalar.exit_code, kRefused) << scalar.output;
+  EXPECT_THAT(scalar.output, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(scalar.output, HasSubstr("axes must be ints"));
+  EXPECT_THAT(scalar.output, HasSubstr("write --attr='axes=[1]'"));
+  auto fixed = Cli({"run", "sum", "--in=" + handle, "--attr=axes=[1]"}, key);
+  EXPECT_EQ(fixed.exit_code, kOk) << fixed.output;
+  auto list = Cli({"run", "sum", "--in=" + handle, "--attr=axes=[1,x]"}, key);
+  EXPECT_EQ(list.exit_code, kUsage);
+  EXPECT_THAT(list.output, HasSubstr("lists hold ints ([0,1]) or floats"));
+}
+
+TEST_F(CliTest, HumanOutputFormatsDurationsAndBytes) {
+  const auto [key, handle] = TenantWithTensor();
+  auto summed = Cli({"run", "sum", "--in=" + handle}, key);
+  ASSERT_EQ(summed.exit_code, kOk) << summed.output;
+  EXPECT_TRUE(std::regex_search(summed.output,
+                                std::regex(R"(job \S+: SUCCEEDED in [0-9.]+ (ns|µs|ms|s)\n)")))
+      << summed.output;
+  auto usage = Cli({"usage"}, key);
+  ASSERT_EQ(usage.exit_code, kOk) << usage.output;
+  EXPECT_TRUE(std::regex_search(
+      usage.output, std::regex(R"(\nbusy: +([0-9]{1,3}(\.[0-9]{1,2})? (ns|µs|ms|s)|0 s)\n)")))
+      << usage.output;
+  EXPECT_THAT(usage.output, HasSubstr("used of 1 GiB"));
+  EXPECT_THAT(usage.output, HasSubstr("2 succeeded"));
+  EXPECT_THAT(usage.output, HasSubstr("tensors: 2\n"));
+  auto ls = Cli({"tensor", "ls"}, key);
+  EXPECT_THAT(ls.output, HasSubstr("24 B"));
+}
+
+TEST_F(CliTest, JsonOutputIsMachineReadable) {
+  const auto [key, handle] = TenantWithTensor();
+  v1::Tenant tenant;
+  auto get = Cli({"tenant", "get", "alpha", "--output=json"});
+  ASSERT_EQ(get.exit_code, kOk);
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(get.output, &tenant).ok()) << get.output;
+  EXPECT_EQ(tenant.tenant_id(), "alpha");
+  EXPECT_EQ(tenant.quota().device_memory_bytes(), testing::kGiB);
+
+  v1::ListTenantsResponse tenants;
+  auto list = Cli({"--output=json", "tenant", "list"});
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(list.output, &tenants).ok())
+      << list.output;
+  EXPECT_EQ(tenants.tenants_size(), 1);
+
+  v1::Usage usage;
+  auto usage_json = Cli({"usage", "--output=json"}, key);
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(usage_json.output, &usage).ok())
+      << usage_json.output;
+  EXPECT_EQ(usage.tensors(), 1u);
+
+  v1::ListTensorsResponse tensors;
+  auto ls = Cli({"tensor", "ls", "--output=json"}, key);
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(ls.output, &tensors).ok()) << ls.output;
+  ASSERT_EQ(tensors.tensors_size(), 1);
+  EXPECT_EQ(tensors.tensors(0).handle(), handle);
+
+  v1::ListTensorsResponse deleted;
+  auto rm = Cli({"tensor", "rm", handle, "--output=json"}, key);
+  ASSERT_EQ(rm.exit_code, kOk) << rm.output;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(rm.output, &deleted).ok()) << rm.output;
+  ASSERT_EQ(deleted.tensors_size(), 1);
+  EXPECT_EQ(deleted.tensors(0).size_bytes(), 24u);
+}
+
+// ---- whole workflows ---------------------------------------------------------------------------
+
 TEST_F(CliTest, TenantLifecycle) {
-  auto registered = Cli({"tenant", "register", "alpha", "--memory=2GiB", "--compute_share=30",
+  auto registered = Cli({"tenant", "register", "alpha", "--memory=2Gi", "--compute_share=30",
                          "--display_name=Alpha team", "--labels=team=ml,env=dev"});
-  ASSERT_EQ(registered.exit_code, 0) << registered.output;
+  ASSERT_EQ(registered.exit_code, kOk) << registered.output;
   EXPECT_THAT(registered.output, HasSubstr("api key:         tsk_alpha."));
   EXPECT_THAT(registered.output, HasSubstr("compute share:   30%"));
   const std::string kind = v1::ContextKind_Name(ExpectedContextKind(30));
@@ -42,82 +482,50 @@ TEST_F(CliTest, TenantLifecycle) {
                                                         absl::StripPrefix(kind, "CONTEXT_KIND_"))));
 
   auto listed = Cli({"tenant", "list"});
-  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  ASSERT_EQ(listed.exit_code, kOk) << listed.output;
   EXPECT_THAT(listed.output, HasSubstr("alpha"));
-  EXPECT_THAT(listed.output, HasSubstr("2.0 GiB"));
-
-  auto json = Cli({"tenant", "get", "alpha", "--output=json"});
-  ASSERT_EQ(json.exit_code, 0) << json.output;
-  EXPECT_THAT(json.output, HasSubstr("\"tenant_id\": \"alpha\""));
-  EXPECT_THAT(json.output, HasSubstr("\"device_memory_bytes\": \"2147483648\""));
+  EXPECT_THAT(listed.output, HasSubstr("2 GiB"));
 
   auto updated = Cli({"tenant", "update", "alpha", "--labels=env=prod"});
-  ASSERT_EQ(updated.exit_code, 0) << updated.output;
+  ASSERT_EQ(updated.exit_code, kOk) << updated.output;
   EXPECT_THAT(updated.output, HasSubstr("labels:          env=prod"));
   EXPECT_THAT(updated.output, HasSubstr("display_name:    Alpha team"));  // untouched
 
-  auto quota = Cli({"tenant", "update", "alpha", "--memory=4GiB"});
-  EXPECT_EQ(quota.exit_code, 1);
+  auto quota = Cli({"tenant", "update", "alpha", "--memory=4Gi"});
+  EXPECT_EQ(quota.exit_code, kRefused);
   EXPECT_THAT(quota.output, HasSubstr("FAILED_PRECONDITION"));
   EXPECT_THAT(quota.output, HasSubstr("deregister the tenant and register it again"));
 
   auto rotated = Cli({"tenant", "rotate-key", "alpha"});
-  ASSERT_EQ(rotated.exit_code, 0) << rotated.output;
+  ASSERT_EQ(rotated.exit_code, kOk) << rotated.output;
   EXPECT_THAT(rotated.output, HasSubstr("api key: tsk_alpha."));
 
   auto info = Cli({"server", "info"});
-  ASSERT_EQ(info.exit_code, 0) << info.output;
-  EXPECT_THAT(info.output, HasSubstr("backend:   " + backend().name));
-  EXPECT_THAT(info.output, HasSubstr("reserved 2.0 GiB of 8.0 GiB"));
+  ASSERT_EQ(info.exit_code, kOk) << info.output;
+  EXPECT_THAT(info.output, HasSubstr("backend:    " + backend().name));
+  EXPECT_THAT(info.output, HasSubstr("reserved 2 GiB of 8 GiB"));
 
   auto gone = Cli({"tenant", "deregister", "alpha"});
-  ASSERT_EQ(gone.exit_code, 0) << gone.output;
-  EXPECT_THAT(gone.output, HasSubstr("released 2.0 GiB"));
+  ASSERT_EQ(gone.exit_code, kOk) << gone.output;
+  EXPECT_THAT(gone.output, HasSubstr("released 2 GiB"));
   EXPECT_THAT(Cli({"tenant", "list"}).output, Not(HasSubstr("alpha")));
 }
 
-TEST_F(CliTest, ErrorsAndExitCodes) {
-  auto missing = Cli({"tenant", "get", "nobody"});
-  EXPECT_EQ(missing.exit_code, 1);
-  EXPECT_THAT(missing.output, HasSubstr("NOT_FOUND"));
-  auto denied = Cli({"server", "info"}, "wrong-token");
-  EXPECT_EQ(denied.exit_code, 1);
-  EXPECT_THAT(denied.output, HasSubstr("UNAUTHENTICATED"));
-  auto no_memory = Cli({"tenant", "register", "beta"});
-  EXPECT_EQ(no_memory.exit_code, 1);
-  EXPECT_THAT(no_memory.output, HasSubstr("quota.device_memory_bytes is required"));
-  EXPECT_EQ(Cli({"frobnicate"}).exit_code, 2);
-  EXPECT_EQ(Cli({"tenant", "register", "x", "--memory=lots"}).exit_code, 1);  // flag parse error
-  EXPECT_EQ(Cli({"tenant", "update", "x"}).exit_code, 2);
-}
-
 TEST_F(CliTest, TensorsKernelsAndUsage) {
-  auto registered = admin_->RegisterTenant(Registration("alpha", testing::kGiB));
-  ASSERT_TRUE(registered.ok());
-  const std::string key = registered->api_key();
-  auto run = Cli({"run", "fill", "--attr=shape=[2,3];value=2.5", "--output=json"}, key);
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("JOB_STATE_SUCCEEDED"));
-  size_t at = run.output.find("\"handle\": \"");
-  ASSERT_NE(at, std::string::npos);
-  std::string handle = run.output.substr(at + 11, run.output.find('"', at + 11) - at - 11);
-
+  const auto [key, handle] = TenantWithTensor();
   testing::TempDir files;
   auto got = Cli({"tensor", "get", handle, "-o", files.File("x.npy")}, key);
-  ASSERT_EQ(got.exit_code, 0) << got.output;
+  ASSERT_EQ(got.exit_code, kOk) << got.output;
+  EXPECT_THAT(got.output, HasSubstr("wrote " + files.File("x.npy") + " (f32[2, 3], 24 B)"));
   auto array = ReadNpyFile(files.File("x.npy"));
   ASSERT_TRUE(array.ok()) << array.status();
   EXPECT_EQ(array->dtype, v1::DTYPE_F32);
-  EXPECT_EQ(array->shape, (std::vector<int64_t>{2, 3}));
-  float first;
-  std::memcpy(&first, array->data.data(), 4);
-  EXPECT_EQ(first, 2.5f);
 
-  auto put = Cli({"tensor", "put", files.File("x.npy")}, key);
-  ASSERT_EQ(put.exit_code, 0) << put.output;
+  auto put = Cli({"tensor", "put", files.File("x.npy"), "--chunk=8"}, key);
+  ASSERT_EQ(put.exit_code, kOk) << put.output;
   std::string uploaded(absl::StripAsciiWhitespace(put.output));
   auto summed = Cli({"run", "add", "--in=" + handle + "," + uploaded}, key);
-  ASSERT_EQ(summed.exit_code, 0) << summed.output;
+  ASSERT_EQ(summed.exit_code, kOk) << summed.output;
   EXPECT_THAT(summed.output, HasSubstr("SUCCEEDED"));
 
   auto ls = Cli({"tensor", "ls"}, key);
@@ -128,33 +536,30 @@ TEST_F(CliTest, TensorsKernelsAndUsage) {
   EXPECT_THAT(usage.output, HasSubstr("tensors: 3"));
   EXPECT_THAT(usage.output, HasSubstr("2 succeeded"));
   auto rm = Cli({"tensor", "rm", uploaded}, key);
-  EXPECT_EQ(rm.exit_code, 0) << rm.output;
+  EXPECT_EQ(rm.exit_code, kOk) << rm.output;
   auto bad = Cli({"run", "matmul", "--in=" + handle + "," + handle}, key);
-  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.exit_code, kRefused);
   EXPECT_THAT(bad.output, HasSubstr("inner dimensions differ"));
 }
 
-TEST_F(CliTest, ProgressBarOnTerminalsOnly) {
+TEST_F(CliTest, ProgressBarWithRateOnTerminalsOnly) {
   if (access("/usr/bin/script", X_OK) != 0) GTEST_SKIP() << "util-linux script(1) is missing";
-  auto registered = admin_->RegisterTenant(Registration("alpha", testing::kGiB));
-  ASSERT_TRUE(registered.ok());
+  const std::string key = MustRegister("alpha");
   testing::TempDir files;
   NpyArray array{v1::DTYPE_F32, {2 << 20}, std::string(size_t{8} << 20, '\0')};  // 8 MiB
   ASSERT_TRUE(WriteNpyFile(files.File("big.npy"), array).ok());
-  std::map<std::string, std::string> env = {{"TESSERA_ADDR", server_->address()},
-                                            {"TESSERA_TOKEN", registered->api_key()}};
   // script(1) gives the CLI a pseudo-terminal.
   std::string command = absl::StrCat(testing::CliBinary(), " tensor put ", files.File("big.npy"));
-  auto on_terminal = testing::RunCommand({"/usr/bin/script", "-qec", command, "/dev/null"}, env);
+  auto on_terminal =
+      testing::RunCommand({"/usr/bin/script", "-qec", command, "/dev/null"}, Env(key));
   ASSERT_TRUE(on_terminal.ok()) << on_terminal.status();
   EXPECT_EQ(on_terminal->exit_code, 0) << on_terminal->output;
-  EXPECT_THAT(on_terminal->output, HasSubstr("put ["));
-  EXPECT_THAT(on_terminal->output, HasSubstr("100% 8.0 MiB / 8.0 MiB"));
-  auto piped =
-      testing::RunCommand({testing::CliBinary(), "tensor", "put", files.File("big.npy")}, env);
-  ASSERT_TRUE(piped.ok());
-  EXPECT_EQ(piped->exit_code, 0);
-  EXPECT_THAT(piped->output, Not(HasSubstr("put [")));
+  EXPECT_THAT(on_terminal->output, HasSubstr("put [====================] 100%  8 MiB in "));
+  EXPECT_TRUE(std::regex_search(on_terminal->output, std::regex(R"(\(\S+ [KMGT]?i?B/s\))")))
+      << on_terminal->output;
+  auto piped = Cli({"tensor", "put", files.File("big.npy")}, key);
+  EXPECT_EQ(piped.exit_code, kOk);
+  EXPECT_THAT(piped.output, Not(HasSubstr("put [")));
 }
 
 }  // namespace

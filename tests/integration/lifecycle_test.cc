@@ -319,13 +319,16 @@ TEST_F(LifecycleTest, JsonLogsCarryTheRequestIdOfAFailedCall) {
   std::istringstream lines(server_->output());
   while (std::getline(lines, line) && line.find("req-json-7") == std::string::npos) {
   }
-  // One JSON object per line, with the level, the code and the request id.
+  // One JSON object per line: the call's access line, with the fields at the top level.
   EXPECT_EQ(line.front(), '{');
   EXPECT_EQ(line.back(), '}');
-  EXPECT_THAT(line, HasSubstr("\"level\":\"warning\""));
+  EXPECT_THAT(line, HasSubstr("\"level\":\"info\""));
   EXPECT_THAT(line, HasSubstr("\"time\":\""));
-  EXPECT_THAT(line,
-              HasSubstr("rpc=GetServerInfo code=UNAUTHENTICATED tenant=- request_id=req-json-7"));
+  EXPECT_THAT(line, HasSubstr("\"msg\":\"access\""));
+  EXPECT_THAT(line, HasSubstr("\"request_id\":\"req-json-7\""));
+  EXPECT_THAT(line, HasSubstr("\"method\":\"tessera.v1.TenantAdmin/GetServerInfo\""));
+  EXPECT_THAT(line, HasSubstr("\"code\":\"UNAUTHENTICATED\""));
+  EXPECT_THAT(line, HasSubstr("\"tenant\":\"-\""));
   EXPECT_THAT(line, HasSubstr("invalid admin token"));
 }
 

@@ -349,7 +349,7 @@ TEST_F(MpsTest, MetricsEndpointServesPrometheusText) {
   Start({absl::StrCat("--metrics_listen=127.0.0.1:", port)});
   Register("alpha");
   std::string response = HttpGet(port, "/metrics");
-  EXPECT_THAT(response, HasSubstr("HTTP/1.0 200 OK"));
+  EXPECT_THAT(response, HasSubstr("HTTP/1.1 200 OK"));
   EXPECT_THAT(response, HasSubstr("text/plain; version=0.0.4"));
   EXPECT_THAT(response, HasSubstr("# TYPE tessera_device_reserved_bytes gauge"));
   EXPECT_THAT(response, HasSubstr("tessera_device_reserved_bytes{device=\"0\"} 1073741824"));

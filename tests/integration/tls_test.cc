@@ -3,6 +3,7 @@
 #include "gtest/gtest.h"
 
 #include "tessera/client.h"
+#include "tests/testing/certs.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
 
@@ -15,24 +16,8 @@ class TlsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     certs_ = new testing::TempDir();
-    // A CA, a server certificate for 127.0.0.1, and a client certificate, valid one day.
-    const std::string script = R"(set -e
-cd ")" + certs_->path() + R"("
-key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
-key ca.key
-openssl req -x509 -new -key ca.key -out ca.pem -days 1 -subj /CN=tessera-test-ca
-key server.key
-openssl req -new -key server.key -out server.csr -subj /CN=localhost
-printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' > server.ext
-openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile server.ext -out server.pem 2>/dev/null
-key client.key
-openssl req -new -key client.key -out client.csr -subj /CN=tessera-test-client
-printf 'extendedKeyUsage=clientAuth\n' > client.ext
-openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile client.ext -out client.pem 2>/dev/null
-)";
-    auto result = testing::RunCommand({"/bin/sh", "-c", script}, {});
-    ASSERT_TRUE(result.ok()) << result.status();
-    ASSERT_EQ(result->exit_code, 0) << result->output;
+    absl::Status minted = testing::MintTestCertificates(certs_->path());
+    ASSERT_TRUE(minted.ok()) << minted;
   }
   static void TearDownTestSuite() { delete certs_; }
 

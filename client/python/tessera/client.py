@@ -19,6 +19,8 @@ DEFAULT_ADDR = "127.0.0.1:50051"
 #: The server's default --max_message_bytes; chunks stay well below it.
 MAX_MESSAGE_BYTES = 64 << 20
 DEFAULT_CHUNK_BYTES = 4 << 20
+# The largest inline CreateTensor the server accepts (larger: WriteTensor).
+CREATE_TENSOR_MAX_BYTES = 16 << 20
 READ_CHUNK_BYTES = 4 << 20
 
 Progress = Callable[[int, int], None]
@@ -392,7 +394,7 @@ class Client(_Base):
             progress: Optional[Progress] = None) -> Tensor:
         """Uploads a numpy array as a new tensor.
 
-        Arrays up to ``chunk_bytes`` go in one CreateTensor; larger ones stream through
+        Arrays up to ``chunk_bytes`` (at most 16 MiB) go in one CreateTensor; larger ones stream through
         WriteTensor in ``chunk_bytes`` chunks, calling ``progress(done, total)`` after each.
         ``dtype`` overrides the dtype inferred from the array: ``"bf16"`` takes a uint16 (or
         ml_dtypes bfloat16) array holding the bf16 bit patterns.
@@ -411,7 +413,8 @@ class Client(_Base):
         total = len(data)
         if chunk_bytes <= 0:
             raise errors.InvalidArgument("chunk_bytes must be > 0")
-        if total <= chunk_bytes:
+        # CreateTensor carries at most 16 MiB inline (the server's limit); more streams.
+        if total <= min(chunk_bytes, CREATE_TENSOR_MAX_BYTES):
             info = self._call(self._stub.CreateTensor,
                               pb.CreateTensorRequest(spec=spec, data=data.tobytes()))
             if progress:

@@ -19,6 +19,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 #include "kernels/accuracy.h"
@@ -1036,7 +1037,7 @@ class Generator {
     std::vector<ScalarDef> params;
     for (int k = Uniform(0, 2); k > 0; --k) {
       ScalarDef d;
-      d.name = "p" + std::to_string(params.size());
+      d.name = absl::StrCat("p", params.size());
       d.kind = Chance(0.5) ? ScalarKind::kFloat : ScalarKind::kInt;
       if (Chance(0.3)) d.default_value = d.kind == ScalarKind::kFloat ? 0.75 : 3;
       params.push_back(d);

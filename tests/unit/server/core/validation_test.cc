@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -48,7 +49,7 @@ TEST(DisplayNameTest, LimitsLengthAndControlCharacters) {
 TEST(LabelsTest, LimitsCountKeysAndValues) {
   EXPECT_TRUE(ValidateLabels({{"team", "ml"}, {"cost.center", "42"}, {"a_b-c", ""}}).ok());
   Labels many;
-  for (int i = 0; i < 65; ++i) many["k" + std::to_string(i)] = "v";
+  for (int i = 0; i < 65; ++i) many.emplace(absl::StrCat("k", i), "v");
   EXPECT_THAT(ValidateLabels(many).message(), HasSubstr("64"));
   EXPECT_EQ(ValidateLabels({{"", "v"}}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ValidateLabels({{"Team", "v"}}).code(), absl::StatusCode::kInvalidArgument);
