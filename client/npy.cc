@@ -5,7 +5,6 @@
 #include <utility>
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -92,17 +91,8 @@ absl::StatusOr<Preamble> ParsePreamble(absl::string_view bytes) {
   return preamble;
 }
 
-// What the header dict says: the array's dtype and shape, and how many data bytes follow.
-struct Header {
-  v1::DType dtype = v1::DTYPE_F32;
-  std::vector<int64_t> shape;
-  uint64_t data_bytes = 0;
-  std::string descr;       // for messages: "<f4"
-  std::string shape_text;  // for messages: "(2, 3)"
-};
-
-absl::StatusOr<Header> ParseHeader(absl::string_view header) {
-  Header parsed;
+absl::StatusOr<NpyHeader> ParseHeader(absl::string_view header) {
+  NpyHeader parsed;
   absl::StatusOr<std::string> descr = HeaderField(header, "descr");
   if (!descr.ok()) return descr.status();
   std::string d = std::string(absl::StripPrefix(absl::StripSuffix(*descr, "'"), "'"));
@@ -150,7 +140,7 @@ absl::StatusOr<Header> ParseHeader(absl::string_view header) {
   return parsed;
 }
 
-absl::Status WrongDataSize(const Header& header, absl::string_view got) {
+absl::Status WrongDataSize(const NpyHeader& header, absl::string_view got) {
   return absl::InvalidArgumentError(absl::StrCat(".npy data is ", got, " bytes; shape ",
                                                  header.shape_text, " of ", header.descr, " needs ",
                                                  header.data_bytes));
@@ -218,7 +208,8 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes) {
   if (bytes.size() - preamble->size < preamble->header_len) {
     return absl::InvalidArgumentError(".npy header is truncated");
   }
-  absl::StatusOr<Header> header = ParseHeader(bytes.substr(preamble->size, preamble->header_len));
+  absl::StatusOr<NpyHeader> header =
+      ParseHeader(bytes.substr(preamble->size, preamble->header_len));
   if (!header.ok()) return header.status();
   absl::string_view data = bytes.substr(preamble->size + preamble->header_len);
   if (data.size() != header->data_bytes) return WrongDataSize(*header, absl::StrCat(data.size()));
@@ -263,30 +254,7 @@ absl::StatusOr<std::string> FormatNpy(const NpyArray& array) {
   return out;
 }
 
-NpyInput::NpyInput(NpyInput&& other) noexcept
-    : dtype_(other.dtype_),
-      shape_(std::move(other.shape_)),
-      data_(other.data_),
-      mapping_(std::exchange(other.mapping_, nullptr)),
-      mapping_size_(std::exchange(other.mapping_size_, 0)) {}
-
-NpyInput& NpyInput::operator=(NpyInput&& other) noexcept {
-  if (this != &other) {
-    if (mapping_ != nullptr) munmap(mapping_, mapping_size_);
-    dtype_ = other.dtype_;
-    shape_ = std::move(other.shape_);
-    data_ = other.data_;
-    mapping_ = std::exchange(other.mapping_, nullptr);
-    mapping_size_ = std::exchange(other.mapping_size_, 0);
-  }
-  return *this;
-}
-
-NpyInput::~NpyInput() {
-  if (mapping_ != nullptr) munmap(mapping_, mapping_size_);
-}
-
-absl::StatusOr<NpyInput> NpyInput::Read(int fd, absl::string_view name) {
+absl::StatusOr<NpyHeader> ReadNpyHeader(int fd, absl::string_view name) {
   // The preamble: 10 bytes, 12 for format 2.0 and 3.0.
   char fixed[12];
   ssize_t got = ReadUpTo(fd, fixed, 10);
@@ -308,49 +276,26 @@ absl::StatusOr<NpyInput> NpyInput::Read(int fd, absl::string_view name) {
   if (absl::Status s = ReadExactly(fd, header_text.data(), header_text.size(), "header"); !s.ok()) {
     return Labeled(name, s);
   }
-  absl::StatusOr<Header> header = ParseHeader(header_text);
+  absl::StatusOr<NpyHeader> header = ParseHeader(header_text);
   if (!header.ok()) return Labeled(name, header.status());
-  NpyInput input;
-  input.dtype_ = header->dtype;
-  input.shape_ = header->shape;
-  const size_t size = static_cast<size_t>(header->data_bytes);
-  if (size == 0) {
-    char extra;
-    got = ReadUpTo(fd, &extra, 1);
-    if (got < 0) return ReadError(name);
-    if (got > 0) return Labeled(name, WrongDataSize(*header, "more than 0"));
-    return input;
-  }
+  return header;
+}
 
-  // A regular file: map it and point into the mapping (its size says whether it is whole).
+absl::StatusOr<NpyArray> ReadNpy(int fd, absl::string_view name) {
+  absl::StatusOr<NpyHeader> header = ReadNpyHeader(fd, name);
+  if (!header.ok()) return header.status();
+  // A regular file says its size: refuse a wrong one before allocating for it.
   struct stat st;
   const off_t position = lseek(fd, 0, SEEK_CUR);
   if (position >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
     const uint64_t left = st.st_size > position ? static_cast<uint64_t>(st.st_size - position) : 0;
-    if (left != header->data_bytes)
+    if (left != header->data_bytes) {
       return Labeled(name, WrongDataSize(*header, absl::StrCat(left)));
-    const size_t offset = static_cast<size_t>(position);
-    void* mapped = mmap(nullptr, offset + size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
-    if (mapped != MAP_FAILED) {
-      input.mapping_ = mapped;
-      input.mapping_size_ = offset + size;
-      input.data_ = absl::string_view(static_cast<const char*>(mapped) + offset, size);
-      return input;
     }
-    // Not mappable (some file systems): read it as a stream below.
   }
-
-  // A stream: one buffer of exactly the data's size, populated in one go (a page fault per
-  // page costs more than the copy on some virtual machines).
-  void* buffer = mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (buffer == MAP_FAILED) {
-    return Labeled(name, absl::ResourceExhaustedError(absl::StrCat(
-                             "cannot allocate ", size, " bytes: ", std::strerror(errno))));
-  }
-  input.mapping_ = buffer;
-  input.mapping_size_ = size;
-  got = ReadUpTo(fd, static_cast<char*>(buffer), size);
+  NpyArray array{header->dtype, header->shape, std::string()};
+  array.data.resize(static_cast<size_t>(header->data_bytes));
+  ssize_t got = ReadUpTo(fd, array.data.data(), array.data.size());
   if (got < 0) return ReadError(name);
   if (static_cast<uint64_t>(got) < header->data_bytes) {
     return Labeled(name, WrongDataSize(*header, absl::StrCat(got)));
@@ -361,8 +306,7 @@ absl::StatusOr<NpyInput> NpyInput::Read(int fd, absl::string_view name) {
   if (got > 0) {
     return Labeled(name, WrongDataSize(*header, absl::StrCat("more than ", header->data_bytes)));
   }
-  input.data_ = absl::string_view(static_cast<const char*>(buffer), size);
-  return input;
+  return array;
 }
 
 absl::Status WriteNpy(int fd, const NpyArray& array, absl::string_view name) {
@@ -380,10 +324,9 @@ absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path) {
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   }
-  absl::StatusOr<NpyInput> input = NpyInput::Read(fd, path);
+  absl::StatusOr<NpyArray> array = ReadNpy(fd, path);
   close(fd);
-  if (!input.ok()) return input.status();
-  return NpyArray{input->dtype(), input->shape(), std::string(input->data())};
+  return array;
 }
 
 absl::Status WriteNpyFile(const std::string& path, const NpyArray& array) {

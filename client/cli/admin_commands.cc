@@ -91,9 +91,8 @@ int Register(Session& s, const RegisterFlags& f) {
   }
   PrintTenant(registered->tenant(), memory.units);
   if (memory.units == SizeUnits::kDecimal) {
-    std::cout << "                 (--memory=" << f.memory
-              << " is in decimal units, powers of 1000; write Ki, Mi, Gi, Ti for powers of "
-                 "1024)\n";
+    std::cout << "                 (decimal units: K, M, G, T are powers of 1000; Ki, Mi, Gi, Ti "
+                 "of 1024)\n";
   }
   std::cout << "api key:         " << registered->api_key() << "\n"
             << "(the API key is shown only now; store it securely)\n";

@@ -141,9 +141,13 @@ CommandTree::CommandTree()
                  "Output format: text (for people) or json (protobuf JSON, for programs)")
       ->type_name("text|json")
       ->check(Quiet(CLI::IsMember({"text", "json"})));
+}
 
+CommandTree::~CommandTree() = default;
+
+void CommandTree::AddHelpCommands() {
   auto* help_path = Make<std::vector<std::string>>();
-  CLI::App* help = Command(
+  help_app_ = Command(
       root(), "help", "Show help for a command",
       {.usage = "[COMMAND...]",
        .details = "The same page as `tessera COMMAND --help`.",
@@ -152,14 +156,14 @@ CommandTree::CommandTree()
       [this, help_path](Session&) {
         const std::string page = Help(*help_path);
         if (page.empty()) {
-          return UsageError(root(), absl::StrCat("help: unknown command \"",
-                                                 absl::StrJoin(*help_path, " "), "\""));
+          return UsageError(
+              help_app_, absl::StrCat("unknown command \"", absl::StrJoin(*help_path, " "), "\""));
         }
         std::cout << page;
         return static_cast<int>(kExitOk);
       },
       "Other");
-  help->add_option("COMMAND", *help_path, "The command (one or more words)");
+  help_app_->add_option("COMMAND", *help_path, "The command (one or more words)");
 
   auto* shell = Make<std::string>();
   CLI::App* completion = Command(
@@ -181,19 +185,12 @@ CommandTree::CommandTree()
       ->check(Quiet(CLI::IsMember({"bash"})));
 }
 
-CommandTree::~CommandTree() = default;
-
 CLI::App* CommandTree::Group(CLI::App* parent, const std::string& name, const std::string& summary,
                              const std::string& section) {
   CLI::App* group = parent->add_subcommand(name, summary);
   group->require_subcommand(1);
   group->fallthrough();
-  if (!section.empty()) {
-    sections_[group] = section;
-    if (std::find(section_order_.begin(), section_order_.end(), section) == section_order_.end()) {
-      section_order_.push_back(section);
-    }
-  }
+  PlaceInSection(group, section);
   return group;
 }
 
@@ -204,13 +201,65 @@ CLI::App* CommandTree::Command(CLI::App* parent, const std::string& name,
   command->fallthrough();  // global flags may follow the command's name
   docs_[command] = std::move(doc);
   handlers_[command] = std::move(handler);
-  if (!section.empty()) {
-    sections_[command] = section;
-    if (std::find(section_order_.begin(), section_order_.end(), section) == section_order_.end()) {
-      section_order_.push_back(section);
+  PlaceInSection(command, section);
+  return command;
+}
+
+void CommandTree::PlaceInSection(const CLI::App* app, const std::string& section) {
+  if (section.empty()) return;
+  sections_[app] = section;
+  if (std::find(section_order_.begin(), section_order_.end(), section) == section_order_.end()) {
+    section_order_.push_back(section);
+  }
+}
+
+std::vector<std::string> CommandTree::CommandsWithFlag(const std::string& name) const {
+  std::vector<std::string> owners;
+  std::vector<const CLI::App*> pending = Children(root_.get());
+  while (!pending.empty()) {
+    const CLI::App* app = pending.back();
+    pending.pop_back();
+    for (const CLI::App* child : Children(app)) pending.push_back(child);
+    for (const CLI::Option* option : app->get_options()) {
+      if (!option->get_positional() && !IsHelpOrVersion(*app, option) &&
+          (option->check_lname(name) || option->check_sname(name))) {
+        owners.push_back(CommandPath(app));
+      }
     }
   }
-  return command;
+  std::sort(owners.begin(), owners.end());
+  return owners;
+}
+
+std::string CommandTree::ExplainParseError(const CLI::ParseError& error, const CLI::App* at) const {
+  // What no command on the way took, in order; CLI11's own message otherwise.
+  const std::vector<std::string> left = root_->remaining();
+  const bool is_group = handlers_.count(at) == 0;
+  std::vector<std::string> commands;
+  for (const CLI::App* child : Children(at)) commands.push_back(child->get_name());
+  if (!left.empty() && absl::StartsWith(left.front(), "-") && left.front() != "-") {
+    // A flag: unknown, or another command's.
+    const std::string flag = left.front().substr(0, left.front().find('='));
+    const size_t name_at = flag.find_first_not_of('-');
+    const std::vector<std::string> owners =
+        CommandsWithFlag(name_at == std::string::npos ? "" : flag.substr(name_at));
+    if (owners.empty()) return absl::StrCat("unknown flag ", flag);
+    return absl::StrCat(
+        flag, " does not apply to ",
+        at == root_.get() ? std::string("this command") : absl::StrCat("`", CommandPath(at), "`"),
+        " (it is a flag of `", absl::StrJoin(owners, "`, `"), "`)");
+  }
+  if (is_group && !left.empty()) {
+    return absl::StrCat("unknown command \"", left.front(), "\"; the commands",
+                        at == root_.get() ? "" : absl::StrCat(" of ", CommandPath(at)),
+                        " are: ", absl::StrJoin(commands, ", "));
+  }
+  if (is_group) {
+    return absl::StrCat(at == root_.get() ? "no command given; " : "which command? ",
+                        "the commands are: ", absl::StrJoin(commands, ", "));
+  }
+  if (!left.empty()) return absl::StrCat("unexpected argument \"", left.front(), "\"");
+  return error.what();
 }
 
 std::string CommandTree::CommandPath(const CLI::App* app) const {
@@ -259,53 +308,7 @@ CommandTree::Parsed CommandTree::Parse(int argc, char** argv) {
     return parsed;
   } catch (const CLI::ParseError& error) {
     const CLI::App* at = Deepest();
-    const std::vector<std::string> left = root_->remaining();
-    std::string message = error.what();
-    const bool is_group = handlers_.count(at) == 0;
-    if (!left.empty() && absl::StartsWith(left.front(), "-") && left.front() != "-") {
-      // A flag no command on the way took: unknown, or another command's.
-      const std::string flag = left.front().substr(0, left.front().find('='));
-      std::string bare = flag;
-      bare.erase(0, bare.find_first_not_of('-') == std::string::npos ? bare.size()
-                                                                     : bare.find_first_not_of('-'));
-      std::vector<std::string> owners;
-      std::vector<const CLI::App*> pending = {root_.get()};
-      while (!pending.empty()) {
-        const CLI::App* app = pending.back();
-        pending.pop_back();
-        for (const CLI::App* child : Children(app)) pending.push_back(child);
-        if (app == root_.get()) continue;
-        for (const CLI::Option* option : app->get_options()) {
-          if (!option->get_positional() &&
-              (option->check_lname(bare) || option->check_sname(bare)) &&
-              !IsHelpOrVersion(*app, option)) {
-            owners.push_back(CommandPath(app));
-          }
-        }
-      }
-      std::sort(owners.begin(), owners.end());
-      if (owners.empty()) {
-        message = absl::StrCat("unknown flag ", flag);
-      } else {
-        message = absl::StrCat(flag, " does not apply to ",
-                               at == root_.get() ? std::string("this command")
-                                                 : absl::StrCat("`", CommandPath(at), "`"),
-                               " (it is a flag of `", absl::StrJoin(owners, "`, `"), "`)");
-      }
-    } else if (is_group && !left.empty()) {
-      std::vector<std::string> names;
-      for (const CLI::App* child : Children(at)) names.push_back(child->get_name());
-      message = absl::StrCat("unknown command \"", left.front(), "\"; the commands",
-                             at == root_.get() ? "" : absl::StrCat(" of ", CommandPath(at)),
-                             " are: ", absl::StrJoin(names, ", "));
-    } else if (is_group) {
-      std::vector<std::string> names;
-      for (const CLI::App* child : Children(at)) names.push_back(child->get_name());
-      message = absl::StrCat(at == root_.get() ? "no command given" : "which command?",
-                             "; the commands are: ", absl::StrJoin(names, ", "));
-    } else if (!left.empty()) {
-      message = absl::StrCat("unexpected argument \"", left.front(), "\"");
-    }
+    const std::string message = ExplainParseError(error, at);
     parsed.exit_code = UsageError(at, message);
     return parsed;
   }
@@ -449,6 +452,7 @@ std::string CommandTree::BashCompletion() const {
   // One case per command path: its subcommands, or its flags plus the global flags.
   std::vector<std::string> globals;
   for (const CLI::Option* option : root_->get_options()) {
+    if (IsHelpOrVersion(*root_, option)) continue;
     for (const std::string& l : option->get_lnames()) globals.push_back(absl::StrCat("--", l));
   }
   std::string cases;

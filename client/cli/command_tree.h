@@ -18,6 +18,7 @@
 namespace CLI {
 class App;
 class Option;
+class ParseError;
 class Validator;
 }  // namespace CLI
 
@@ -85,6 +86,8 @@ class CommandTree {
   CLI::App* Command(CLI::App* parent, const std::string& name, const std::string& summary,
                     CommandDoc doc, Handler handler, const std::string& section = "");
   CLI::App* root() { return root_.get(); }
+  /// `help [COMMAND...]` and `completion bash`: added last, so they are listed last.
+  void AddHelpCommands();
 
   /// Storage for a command's flag values, owned by the tree.
   template <typename T>
@@ -115,10 +118,17 @@ class CommandTree {
   std::string HelpFor(const CLI::App* app) const;
   std::string RootHelp() const;
   std::string CommandPath(const CLI::App* app) const;
+  void PlaceInSection(const CLI::App* app, const std::string& section);
+  /// The commands ("tenant register") that have a flag named `name` ("memory").
+  std::vector<std::string> CommandsWithFlag(const std::string& name) const;
+  /// A usage error in words: an unknown or inapplicable flag, an unknown command, a missing
+  /// one, an extra argument; else CLI11's message. `at`: the deepest command parsed.
+  std::string ExplainParseError(const CLI::ParseError& error, const CLI::App* at) const;
   const CLI::App* Deepest() const;
   int UsageError(const CLI::App* app, const std::string& message) const;
 
   std::unique_ptr<CLI::App> root_;
+  CLI::App* help_app_ = nullptr;
   GlobalFlags global_;
   std::string timeout_text_ = "30s";
   std::map<const CLI::App*, CommandDoc> docs_;

@@ -1,14 +1,14 @@
 // tensor ..., run, kernels, kernel ..., usage: the Compute service (a tenant's API key).
-#include <cerrno>
-#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -19,6 +19,7 @@
 #include "client/cli/format.h"
 #include "client/cli/parse.h"
 #include "client/cli/session.h"
+#include "client/cli/transfer.h"
 #include "server/common/fd_io.h"
 #include "tessera/npy.h"
 
@@ -62,17 +63,26 @@ struct PutFlags {
 int Put(Session& s, const PutFlags& f) {
   absl::StatusOr<int> fd = s.OpenInput(f.file, "FILE");
   if (!fd.ok()) return s.Usage(fd.status().message());
-  // A file is sent from its mapping; stdin from one buffer it is read into.
-  absl::StatusOr<NpyInput> input = NpyInput::Read(*fd, DisplayName(f.file));
-  if (*fd != STDIN_FILENO) close(*fd);
-  if (!input.ok()) return s.Usage(input.status().message());
-  v1::TensorSpec spec;
-  spec.set_dtype(input->dtype());
-  spec.mutable_shape()->Add(input->shape().begin(), input->shape().end());
-  auto info = s.client().Upload(spec, input->data(), ParseSize(f.chunk)->bytes,
-                                s.ProgressBar("put", input->data().size()));
-  if (!info.ok()) return s.Failed(info.status());
-  s.json() ? s.PrintJson(*info) : void(std::cout << info->handle() << "\n");
+  absl::Cleanup close_fd = [fd = *fd] {
+    if (fd != STDIN_FILENO) close(fd);
+  };
+  const std::string name = DisplayName(f.file);
+  absl::StatusOr<NpyHeader> header = ReadNpyHeader(*fd, name);
+  if (!header.ok()) return s.Usage(header.status().message());
+  // A file (also `< FILE`) says its size: a wrong one is refused before the call.
+  struct stat st;
+  const off_t position = lseek(*fd, 0, SEEK_CUR);
+  if (position >= 0 && fstat(*fd, &st) == 0 && S_ISREG(st.st_mode) &&
+      static_cast<uint64_t>(st.st_size - position) != header->data_bytes) {
+    return s.Usage(absl::StrCat(name, ": .npy data is ", st.st_size - position, " bytes; shape ",
+                                header->shape_text, " of ", header->descr, " needs ",
+                                header->data_bytes));
+  }
+  const Transfer put =
+      UploadFrom(s, *header, *fd, name, static_cast<size_t>(ParseSize(f.chunk)->bytes));
+  if (!put.local_error.empty()) return s.Usage(put.local_error);
+  if (!put.status.ok()) return s.Failed(put.status);
+  s.json() ? s.PrintJson(put.info) : void(std::cout << put.info.handle() << "\n");
   return kExitOk;
 }
 
@@ -82,66 +92,16 @@ struct GetFlags {
   std::string chunk = "1Mi";
 };
 
-// Streams the tensor into `out` as .npy: the header from the TensorInfo in the first message,
-// then each chunk as it arrives, so no more than one message is held in memory (a
-// Client::Download into a string first would hold the whole tensor and copy it once more).
-// Returns "" or what went wrong on this side; `info` and `status` say what the server said.
-std::string StreamTensor(Session& s, const GetFlags& f, int out, v1::TensorInfo* info,
-                         absl::Status* status) {
-  std::unique_ptr<v1::Compute::Stub> stub = v1::Compute::NewStub(s.client().channel());
-  std::unique_ptr<grpc::ClientContext> context = s.client().NewContext();
-  v1::ReadTensorRequest request;
-  request.set_handle(f.handle);
-  request.set_chunk_bytes(static_cast<uint32_t>(ParseSize(f.chunk)->bytes));
-  std::unique_ptr<grpc::ClientReader<v1::ReadTensorResponse>> reader =
-      stub->ReadTensor(context.get(), request);
-  v1::ReadTensorResponse message;
-  Client::Progress progress;
-  uint64_t done = 0;
-  bool started = false;
-  std::string failed;
-  while (failed.empty() && reader->Read(&message)) {
-    if (message.has_info()) {
-      *info = message.info();
-      const std::vector<int64_t> shape(info->shape().begin(), info->shape().end());
-      absl::StatusOr<std::string> header = FormatNpyHeader(info->dtype(), shape);
-      if (!header.ok()) {
-        failed = std::string(header.status().message());
-      } else if (!WriteAll(out, *header)) {
-        failed = absl::StrCat("cannot write ", f.out, ": ", std::strerror(errno));
-      }
-      progress = s.ProgressBar("get", info->size_bytes());
-      started = true;
-    }
-    const std::string& data = message.chunk().data();
-    if (!failed.empty() || data.empty()) continue;
-    if (!started || message.chunk().offset() != done) {
-      failed = "the server sent the tensor's chunks out of order";
-    } else if (!WriteAll(out, data)) {
-      failed = absl::StrCat("cannot write ", f.out, ": ", std::strerror(errno));
-    } else {
-      done += data.size();
-      if (progress) progress(done, info->size_bytes());
-    }
-  }
-  if (!failed.empty()) context->TryCancel();
-  *status = FromGrpcStatus(reader->Finish());
-  if (failed.empty() && status->ok() && (!started || done != info->size_bytes())) {
-    *status = absl::DataLossError(
-        absl::StrCat("ReadTensor ended after ", done, " of ", info->size_bytes(), " bytes"));
-  }
-  return failed;
-}
-
 int Get(Session& s, const GetFlags& f) {
   // The output first: a bad path fails before anything is asked of the server.
   absl::StatusOr<std::unique_ptr<OutputFile>> out = OutputFile::Open(f.out);
   if (!out.ok()) return s.Usage(out.status().message());
-  v1::TensorInfo info;
-  absl::Status status;
-  const std::string failed = StreamTensor(s, f, (*out)->fd(), &info, &status);
-  if (!failed.empty()) return s.LocalFailure(failed);
-  if (!status.ok()) return s.Failed(status);
+  // Streamed: only one chunk is held in memory (Client::Download would hold the whole tensor).
+  const Transfer got = DownloadTo(s, f.handle, static_cast<size_t>(ParseSize(f.chunk)->bytes),
+                                  (*out)->fd(), (*out)->name());
+  if (!got.local_error.empty()) return s.LocalFailure(got.local_error);
+  if (!got.status.ok()) return s.Failed(got.status);
+  const v1::TensorInfo& info = got.info;
   if (absl::Status committed = (*out)->Commit(); !committed.ok()) {
     return s.LocalFailure(committed.message());
   }
@@ -214,7 +174,7 @@ void AddTensorCommands(CommandTree& tree) {
                   "carries the .npy and\nnothing else (it must not be a terminal).",
        .examples = {"tessera tensor get tn_1a2b3c -o y.npy",
                     "tessera tensor get tn_1a2b3c -o - | python3 -c 'import numpy, sys; "
-                    "print(numpy.load(sys.stdin.buffer))'"}},
+                    "print(numpy.load(io.BytesIO(sys.stdin.buffer.read())))'"}},
       [get](Session& s) { return Get(s, *get); });
   get_cmd->add_option("HANDLE", get->handle, "The tensor's handle")->required();
   get_cmd->add_option("-o", get->out, "Output .npy file; - writes stdout (required)")

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   tessera::cli::CommandTree tree;
   tessera::cli::AddAdminCommands(tree);
   tessera::cli::AddComputeCommands(tree);
+  tree.AddHelpCommands();
   const tessera::cli::CommandTree::Parsed parsed = tree.Parse(argc, argv);
   if (parsed.handler == nullptr) return parsed.exit_code;
 

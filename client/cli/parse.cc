@@ -330,7 +330,7 @@ std::string AttrHint(absl::string_view server_message,
     const std::string example = Example(type, as_written);
     if (example.empty()) continue;
     return absl::StrCat(name, " is ", TypeInWords(type), ": write --attr='", name, "=", example,
-                        "' (", kAttrSyntax, ")");
+                        "' (`tessera run --help` has the syntax)");
   }
   return "";
 }

@@ -28,6 +28,7 @@
 namespace {
 
 using tessera::OutputSpec;
+__extension__ using Uint128 = unsigned __int128;  // GCC's -Wpedantic: an extension
 using tessera::kernels::TensorMeta;
 
 void CheckRefusal(const absl::Status& status) {
@@ -143,7 +144,7 @@ void Submit(const tessera::v1::SubmitRequest& request, const std::vector<TensorM
             uint64_t seed) {
   if (request.has_queue_timeout()) CheckDuration(request.queue_timeout());
   std::vector<tessera::kernels::Plan> plans;
-  unsigned __int128 new_bytes = 0;
+  Uint128 new_bytes = 0;
   for (const tessera::v1::ProgramStep& step : request.steps()) {
     std::vector<TensorMeta> inputs;
     for (int k = 0; k < step.inputs_size(); ++k) {

@@ -12,6 +12,10 @@
 #include "tessera/npy.h"
 #include "tests/fuzz/fuzz_util.h"
 
+namespace {
+__extension__ using Uint128 = unsigned __int128;  // GCC's -Wpedantic: an extension
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::string_view bytes(reinterpret_cast<const char*>(data), size);
   absl::StatusOr<tessera::NpyArray> array = tessera::ParseNpy(bytes);
@@ -24,8 +28,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(dtype.has_value(), "ParseNpy returned dtype ", static_cast<int>(array->dtype));
 
   // The exact byte count, without overflow (saturated past 2^64, which no data size equals).
-  constexpr unsigned __int128 kPast64 = static_cast<unsigned __int128>(1) << 64;
-  unsigned __int128 expected = tessera::kernels::DTypeSize(*dtype);
+  constexpr Uint128 kPast64 = static_cast<Uint128>(1) << 64;
+  Uint128 expected = tessera::kernels::DTypeSize(*dtype);
   for (int64_t d : array->shape) {
     FUZZ_CHECK(d >= 0, "negative dimension ", d);
     expected = std::min(expected * static_cast<uint64_t>(d), kPast64);

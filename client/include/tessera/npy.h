@@ -30,44 +30,30 @@ absl::StatusOr<std::string> FormatNpy(const NpyArray& array);
 /// bytes), for writers that send the data from where it already is.
 absl::StatusOr<std::string> FormatNpyHeader(v1::DType dtype, const std::vector<int64_t>& shape);
 
-/// A .npy array read from a file descriptor for sending, its data left where it can stay: a
-/// regular file is mapped read-only (no copy at all); a pipe or terminal (stdin) is read once
-/// into a buffer of exactly the data's size, with its pages populated up front rather than
-/// faulted in one by one. Move-only; data() stays valid while this object lives.
-class NpyInput {
- public:
-  /// Reads `fd` to its end (it is not closed). `name` labels the errors ("stdin" for 0).
-  /// Errors as ParseNpy's, also when the stream ends early or goes on past the data;
-  /// UNAVAILABLE for a read error. Blocks.
-  static absl::StatusOr<NpyInput> Read(int fd, absl::string_view name);
-
-  NpyInput(NpyInput&& other) noexcept;
-  NpyInput& operator=(NpyInput&& other) noexcept;
-  NpyInput(const NpyInput&) = delete;
-  NpyInput& operator=(const NpyInput&) = delete;
-  ~NpyInput();
-
-  v1::DType dtype() const { return dtype_; }
-  const std::vector<int64_t>& shape() const { return shape_; }
-  /// The array's bytes, row-major little-endian.
-  absl::string_view data() const { return data_; }
-
- private:
-  NpyInput() = default;
-
-  v1::DType dtype_ = v1::DTYPE_F32;
-  std::vector<int64_t> shape_;
-  absl::string_view data_;
-  void* mapping_ = nullptr;  // what munmap releases: the file or the buffer
-  size_t mapping_size_ = 0;
+/// What a .npy header says: the array's dtype and shape and how many data bytes follow.
+struct NpyHeader {
+  v1::DType dtype = v1::DTYPE_F32;
+  std::vector<int64_t> shape;
+  uint64_t data_bytes = 0;
+  /// For messages: the dtype and shape as the file writes them ("<f4", "(2, 3)").
+  std::string descr;
+  std::string shape_text;
 };
+/// Reads the header of a .npy stream from `fd`, leaving `fd` at the first data byte, so the
+/// data can be streamed on from there. Errors as ParseNpy's; UNAVAILABLE for a read error.
+absl::StatusOr<NpyHeader> ReadNpyHeader(int fd, absl::string_view name);
+
+/// Reads one .npy stream from `fd` (a file or a pipe; it is not closed) to its end: the header,
+/// then the data straight into NpyArray::data (one copy, no intermediate buffer). Errors as
+/// ParseNpy's, also when the stream ends early or goes on past the data; UNAVAILABLE for a
+/// read error. (`tessera tensor put` streams instead: ReadNpyHeader, then chunk by chunk.)
+absl::StatusOr<NpyArray> ReadNpy(int fd, absl::string_view name);
 /// Writes `array` as .npy to `fd`: the header, then NpyArray::data as it is (no
 /// concatenated copy). UNAVAILABLE naming `name` for a write error (a closed pipe is EPIPE
 /// where SIGPIPE is ignored). Does not close `fd`.
 absl::Status WriteNpy(int fd, const NpyArray& array, absl::string_view name);
 
-/// NpyInput::Read of the file at `path`, copied into an NpyArray; NOT_FOUND when it cannot
-/// be opened.
+/// ReadNpy of the file at `path`; NOT_FOUND when it cannot be opened.
 absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path);
 /// WriteNpy to `path`, created (mode 0666 less the umask) or truncated.
 absl::Status WriteNpyFile(const std::string& path, const NpyArray& array);

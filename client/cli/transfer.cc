@@ -1,0 +1,132 @@
+#include "client/cli/transfer.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+
+#include "server/common/fd_io.h"
+#include "tessera/client.h"
+
+// Client::Upload and Client::Download take and return the whole tensor as one string: for a
+// file or a pipe that is one more copy of all of it (and its page faults). These use the
+// client's channel and context (Client::channel, Client::NewContext) with the same protocol.
+namespace tessera::cli {
+namespace {
+
+// Reads until `size` bytes or the end of the stream; how many, or -1 with errno set.
+ssize_t ReadUpTo(int fd, char* data, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = read(fd, data + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -1;
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return static_cast<ssize_t>(done);
+}
+
+std::string WrongSize(const std::string& name, const NpyHeader& header, const std::string& got) {
+  return absl::StrCat(name, ": .npy data is ", got, " bytes; shape ", header.shape_text, " of ",
+                      header.descr, " needs ", header.data_bytes);
+}
+
+}  // namespace
+
+Transfer UploadFrom(Session& s, const NpyHeader& header, int fd, const std::string& name,
+                    size_t chunk_bytes) {
+  Transfer transfer;
+  std::unique_ptr<v1::Compute::Stub> stub = v1::Compute::NewStub(s.client().channel());
+  std::unique_ptr<grpc::ClientContext> context = s.client().NewContext();
+  std::unique_ptr<grpc::ClientWriter<v1::WriteTensorRequest>> writer =
+      stub->WriteTensor(context.get(), &transfer.info);
+  v1::WriteTensorRequest message;
+  v1::TensorSpec* spec = message.mutable_header()->mutable_create();
+  spec->set_dtype(header.dtype);
+  spec->mutable_shape()->Add(header.shape.begin(), header.shape.end());
+  bool open = writer->Write(message);
+  const Client::Progress progress = s.ProgressBar("put", header.data_bytes);
+  // The chunk's bytes are read into the message itself; its buffer is reused.
+  std::string* data = message.mutable_chunk()->mutable_data();
+  uint64_t done = 0;
+  while (open && done < header.data_bytes) {
+    data->resize(static_cast<size_t>(std::min<uint64_t>(chunk_bytes, header.data_bytes - done)));
+    const ssize_t got = ReadUpTo(fd, data->data(), data->size());
+    if (got < 0) {
+      transfer.local_error = absl::StrCat(name, ": read failed: ", std::strerror(errno));
+      break;
+    }
+    if (static_cast<size_t>(got) < data->size()) {
+      transfer.local_error = WrongSize(name, header, absl::StrCat(done + got));
+      break;
+    }
+    message.mutable_chunk()->set_offset(done);
+    open = writer->Write(message, grpc::WriteOptions().set_buffer_hint());
+    done += static_cast<uint64_t>(got);
+    if (progress) progress(done, header.data_bytes);
+  }
+  char extra;
+  if (transfer.local_error.empty() && open && ReadUpTo(fd, &extra, 1) > 0) {
+    transfer.local_error = WrongSize(name, header, absl::StrCat("more than ", header.data_bytes));
+  }
+  if (!transfer.local_error.empty()) context->TryCancel();
+  writer->WritesDone();
+  transfer.status = FromGrpcStatus(writer->Finish());
+  return transfer;
+}
+
+Transfer DownloadTo(Session& s, const std::string& handle, size_t chunk_bytes, int fd,
+                    const std::string& name) {
+  Transfer transfer;
+  std::unique_ptr<v1::Compute::Stub> stub = v1::Compute::NewStub(s.client().channel());
+  std::unique_ptr<grpc::ClientContext> context = s.client().NewContext();
+  v1::ReadTensorRequest request;
+  request.set_handle(handle);
+  request.set_chunk_bytes(static_cast<uint32_t>(chunk_bytes));
+  std::unique_ptr<grpc::ClientReader<v1::ReadTensorResponse>> reader =
+      stub->ReadTensor(context.get(), request);
+  v1::ReadTensorResponse message;
+  Client::Progress progress;
+  uint64_t done = 0;
+  bool started = false;
+  while (transfer.local_error.empty() && reader->Read(&message)) {
+    if (message.has_info()) {  // the first message: write the .npy header
+      transfer.info = message.info();
+      const std::vector<int64_t> shape(transfer.info.shape().begin(), transfer.info.shape().end());
+      absl::StatusOr<std::string> header = FormatNpyHeader(transfer.info.dtype(), shape);
+      if (!header.ok()) {
+        transfer.local_error = std::string(header.status().message());
+      } else if (!WriteAll(fd, *header)) {
+        transfer.local_error = absl::StrCat(name, ": write failed: ", std::strerror(errno));
+      }
+      progress = s.ProgressBar("get", transfer.info.size_bytes());
+      started = true;
+    }
+    const std::string& data = message.chunk().data();
+    if (!transfer.local_error.empty() || data.empty()) continue;
+    if (!started || message.chunk().offset() != done) {
+      transfer.local_error = "the server sent the tensor's chunks out of order";
+    } else if (!WriteAll(fd, data)) {
+      transfer.local_error = absl::StrCat(name, ": write failed: ", std::strerror(errno));
+    } else {
+      done += data.size();
+      if (progress) progress(done, transfer.info.size_bytes());
+    }
+  }
+  if (!transfer.local_error.empty()) context->TryCancel();
+  transfer.status = FromGrpcStatus(reader->Finish());
+  if (transfer.local_error.empty() && transfer.status.ok() &&
+      (!started || done != transfer.info.size_bytes())) {
+    transfer.status = absl::DataLossError(absl::StrCat("ReadTensor ended after ", done, " of ",
+                                                       transfer.info.size_bytes(), " bytes"));
+  }
+  return transfer;
+}
+
+}  // namespace tessera::cli
