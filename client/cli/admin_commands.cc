@@ -147,7 +147,8 @@ void AddRegister(CommandTree& tree, CLI::App* group) {
   cmd->add_option("--display_name", f->display_name, "Display name")->type_name("NAME");
   cmd->add_option("--labels", f->labels, "Labels, key=value pairs")
       ->type_name("K=V,...")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->allow_extra_args(false);  // one argument per --labels: a later ID stays the ID
 }
 
 // ---- tenant get, list, deregister, rotate-key -------------------------------------------------
@@ -283,7 +284,7 @@ void AddUpdate(CommandTree& tree, CLI::App* group) {
   CLI::App* cmd = tree.Command(
       group, "update", "Change a tenant's display name or labels",
       {.usage = "ID [--display_name=NAME] [--labels=K=V,...]",
-       .details = "Only the flags given change; --labels replaces every label (--labels= "
+       .details = "Only the flags given change; --labels replaces every label (--labels '' "
                   "clears them).\nQuotas cannot change: the server refuses --memory, "
                   "--compute_share, --max_streams,\n--max_queued_jobs and --priority here "
                   "(deregister and register again).",
@@ -293,9 +294,11 @@ void AddUpdate(CommandTree& tree, CLI::App* group) {
   cmd->add_option("ID", f->id, "Tenant id")->required();
   f->display_name_flag =
       cmd->add_option("--display_name", f->display_name, "New display name")->type_name("NAME");
-  f->labels_flag = cmd->add_option("--labels", f->labels, "New labels, replacing all of them")
+  f->labels_flag = cmd->add_option("--labels", f->labels,
+                                   "New labels, replacing all of them (--labels '' clears them)")
                        ->type_name("K=V,...")
-                       ->delimiter(',');
+                       ->delimiter(',')
+                       ->allow_extra_args(false);  // one argument per --labels, split at commas
   // Accepted so that the server can explain that quotas are immutable.
   for (const char* name :
        {"memory", "compute_share", "max_streams", "max_queued_jobs", "priority"}) {

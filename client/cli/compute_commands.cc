@@ -255,13 +255,16 @@ void AddRun(CommandTree& tree) {
   cmd->add_option("KERNEL", f->kernel, "Kernel name (see `tessera kernels`)")->required();
   cmd->add_option("--in", f->in, "Input tensor handles, in order")
       ->type_name("H,...")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->allow_extra_args(false);
   cmd->add_option("--out", f->out,
                   "Output tensors to write (default: new tensors with inferred shapes)")
       ->type_name("H,...")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->allow_extra_args(false);
   cmd->add_option("--attr", f->attrs, "Attributes K=V;K2=V2 (the flag may repeat)")
-      ->type_name("K=V;...");
+      ->type_name("K=V;...")
+      ->allow_extra_args(false);  // one argument per --attr: KERNEL may follow
   cmd->add_option("--stream", f->stream, "Stream index (default 0)")->type_name("N");
   cmd->add_flag("--wait,!--no-wait", f->wait,
                 "Wait for the job to finish (default); --no-wait prints the queued job");

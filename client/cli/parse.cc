@@ -18,6 +18,8 @@ namespace {
 __extension__ using Uint128 = unsigned __int128;
 
 constexpr uint64_t kMaxSizeBytes = std::numeric_limits<int64_t>::max();
+// The longest attribute name the server takes (LaunchRequest.attrs keys).
+constexpr size_t kMaxAttrNameBytes = 64;
 
 struct SizeUnit {
   absl::string_view name;  // lower case, without a trailing "b"
@@ -292,6 +294,11 @@ absl::StatusOr<Attrs> ParseAttrs(const std::vector<std::string>& flags) {
       if (kv.size() != 2 || key.empty()) {
         return absl::InvalidArgumentError(absl::StrCat("\"", absl::StripAsciiWhitespace(item),
                                                        "\" is not k=v; write ", kAttrSyntax));
+      }
+      if (key.size() > kMaxAttrNameBytes) {
+        return absl::InvalidArgumentError(absl::StrCat("attribute name \"", key.substr(0, 16),
+                                                       "...\" is ", key.size(),
+                                                       " bytes; the limit is ", kMaxAttrNameBytes));
       }
       const absl::string_view written = absl::StripAsciiWhitespace(kv[1]);
       absl::StatusOr<v1::AttrValue> value = ParseAttr(written);

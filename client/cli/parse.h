@@ -74,7 +74,8 @@ struct Attrs {
   /// Each attribute's value as the user wrote it (for AttrHint).
   std::map<std::string, std::string> written;
 };
-/// Refused: an item without '=', an empty key, a key given twice, a value ParseAttr refuses.
+/// Refused: an item without '=', an empty key or one over 64 bytes (the server's limit), a key
+/// given twice, a value ParseAttr refuses.
 absl::StatusOr<Attrs> ParseAttrs(const std::vector<std::string>& flags);
 
 /// For the server's INVALID_ARGUMENT message about an attribute ("sum attribute axes must be

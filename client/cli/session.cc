@@ -8,6 +8,7 @@
 #include <utility>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "absl/strings/ascii.h"
@@ -147,7 +148,20 @@ absl::StatusOr<std::unique_ptr<OutputFile>> OutputFile::Open(const std::string& 
       return absl::InvalidArgumentError(
           "-o -: stdout is a terminal; redirect it (> FILE.npy, | python3 ...) or name a file");
     }
-    return std::unique_ptr<OutputFile>(new OutputFile(STDOUT_FILENO, path, ""));
+    return std::unique_ptr<OutputFile>(new OutputFile(STDOUT_FILENO, path, "", false));
+  }
+  // A device or a FIFO (-o /dev/null) is written as it is; only a file is replaced.
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    if (S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat("-o: ", path, " is a directory"));
+    }
+    const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("-o: cannot write ", path, ": ", std::strerror(errno)));
+    }
+    return std::unique_ptr<OutputFile>(new OutputFile(fd, path, "", true));
   }
   // The kernel applies the umask to 0666, as for any new file.
   const std::string temp = absl::StrCat(path, ".tessera-", getpid(), ".tmp");
@@ -156,31 +170,32 @@ absl::StatusOr<std::unique_ptr<OutputFile>> OutputFile::Open(const std::string& 
     return absl::InvalidArgumentError(
         absl::StrCat("-o: cannot write ", path, ": ", std::strerror(errno)));
   }
-  return std::unique_ptr<OutputFile>(new OutputFile(fd, path, temp));
+  return std::unique_ptr<OutputFile>(new OutputFile(fd, path, temp, true));
 }
 
-OutputFile::OutputFile(int fd, std::string path, std::string temp)
+OutputFile::OutputFile(int fd, std::string path, std::string temp, bool owned)
     : fd_(fd),
       path_(std::move(path)),
       temp_(std::move(temp)),
-      name_(temp_.empty() ? "stdout" : path_) {}
+      name_(path_ == "-" ? "stdout" : path_),
+      owned_(owned) {}
 
 OutputFile::~OutputFile() {
-  if (temp_.empty() || committed_) return;
+  if (committed_ || !owned_) return;
   close(fd_);
-  unlink(temp_.c_str());
+  if (!temp_.empty()) unlink(temp_.c_str());
 }
 
 absl::Status OutputFile::Commit() {
-  if (temp_.empty()) return absl::OkStatus();
+  if (committed_ || !owned_) return absl::OkStatus();
   committed_ = true;
   const bool closed = close(fd_) == 0;
-  if (!closed || rename(temp_.c_str(), path_.c_str()) != 0) {
-    const int error = errno;
-    unlink(temp_.c_str());
-    return absl::UnavailableError(absl::StrCat(path_, ": ", std::strerror(error)));
+  if (closed && (temp_.empty() || rename(temp_.c_str(), path_.c_str()) == 0)) {
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  const int error = errno;
+  if (!temp_.empty()) unlink(temp_.c_str());
+  return absl::UnavailableError(absl::StrCat(path_, ": ", std::strerror(error)));
 }
 
 }  // namespace tessera::cli

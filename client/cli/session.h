@@ -63,12 +63,13 @@ class Session {
   std::unique_ptr<Client> client_;
 };
 
-/// Where a command writes its binary output: stdout for "-" (which must not be a terminal),
-/// else a temporary file next to `path` that Commit() renames over it, so a failed download
-/// leaves an existing file as it was. Abandoned (the temporary file removed) unless committed.
+/// Where a command writes its binary output: stdout for "-" (which must not be a terminal); an
+/// existing device or FIFO as it is; else a temporary file next to `path` that Commit() renames
+/// over it, so a failed download leaves an existing file as it was. Abandoned (the temporary
+/// file removed) unless committed.
 class OutputFile {
  public:
-  /// INVALID_ARGUMENT when stdout is a terminal or the directory is not writable.
+  /// INVALID_ARGUMENT when stdout is a terminal, `path` is a directory or cannot be written.
   static absl::StatusOr<std::unique_ptr<OutputFile>> Open(const std::string& path);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
@@ -77,16 +78,17 @@ class OutputFile {
   int fd() const { return fd_; }
   /// "stdout" or the path.
   const std::string& name() const { return name_; }
-  /// Closes the file and renames it into place (nothing for stdout).
+  /// Closes the file and renames it into place (closes a device; nothing for stdout).
   absl::Status Commit();
 
  private:
-  OutputFile(int fd, std::string path, std::string temp);
+  OutputFile(int fd, std::string path, std::string temp, bool owned);
 
-  int fd_;
+  const int fd_;
   const std::string path_;
-  const std::string temp_;  // "" for stdout
+  const std::string temp_;  // "" for stdout and devices
   const std::string name_;
+  const bool owned_;  // closed here (not stdout)
   bool committed_ = false;
 };
 

@@ -27,8 +27,9 @@ namespace tessera::fuzz {
 
 [[noreturn]] inline void Fail(const char* file, int line, const char* cond,
                               const std::string& message) {
-  std::fprintf(stderr, "\n==fuzz== property failed at %s:%d: %s\n==fuzz== %s\n", file, line, cond,
-               message.c_str());
+  std::fprintf(stderr, "\n==fuzz== property failed at %s:%d: %s\n==fuzz== ", file, line, cond);
+  std::fwrite(message.data(), 1, message.size(), stderr);  // all of it, NULs included
+  std::fputc('\n', stderr);
   std::fflush(stderr);
   std::abort();
 }

@@ -134,7 +134,7 @@ void Run(const Bytes& input) {
 
 int main(int argc, char** argv) {
   if (LLVMFuzzerInitialize != nullptr) LLVMFuzzerInitialize(&argc, &argv);
-  long long runs = 2000, max_total_time = 10, seed = 1, max_len = 4096;
+  long long runs = 20000, max_total_time = 10, seed = 1, max_len = 4096;
   std::vector<std::filesystem::path> dirs, files;
   for (int i = 1; i < argc; ++i) {
     const char* arg = argv[i];

@@ -3,6 +3,8 @@
 // attribute errors, human and JSON output, the progress bar.
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <set>
 
@@ -503,10 +505,14 @@ TEST_F(CliTest, TenantLifecycle) {
   EXPECT_THAT(listed.output, HasSubstr("alpha"));
   EXPECT_THAT(listed.output, HasSubstr("2 GiB"));
 
-  auto updated = Cli({"tenant", "update", "alpha", "--labels=env=prod"});
+  // A flag may come before the ID: --labels takes one argument.
+  auto updated = Cli({"tenant", "update", "--labels", "env=prod", "alpha"});
   ASSERT_EQ(updated.exit_code, kOk) << updated.output;
-  EXPECT_THAT(updated.output, HasSubstr("labels:          env=prod"));
+  EXPECT_THAT(updated.output, HasSubstr("labels:          env=prod\n"));
   EXPECT_THAT(updated.output, HasSubstr("display_name:    Alpha team"));  // untouched
+  auto cleared = Cli({"tenant", "update", "alpha", "--labels", ""});
+  ASSERT_EQ(cleared.exit_code, kOk) << cleared.output;
+  EXPECT_THAT(cleared.output, HasSubstr("labels:          \n"));
 
   auto quota = Cli({"tenant", "update", "alpha", "--memory=4Gi"});
   EXPECT_EQ(quota.exit_code, kRefused);
@@ -537,6 +543,20 @@ TEST_F(CliTest, TensorsKernelsAndUsage) {
   auto array = ReadNpyFile(files.File("x.npy"));
   ASSERT_TRUE(array.ok()) << array.status();
   EXPECT_EQ(array->dtype, v1::DTYPE_F32);
+
+  // A device is written as it is; a failed download leaves an existing file untouched.
+  EXPECT_EQ(Cli({"tensor", "get", handle, "-o", "/dev/null"}, key).exit_code, kOk);
+  EXPECT_EQ(Cli({"tensor", "get", handle, "-o", files.path()}, key).exit_code, kUsage);
+  { std::ofstream(files.File("keep.npy")) << "keep"; }
+  auto missing = Cli({"tensor", "get", "tn_missing", "-o", files.File("keep.npy")}, key);
+  EXPECT_EQ(missing.exit_code, kRefused) << missing.output;
+  std::ifstream kept(files.File("keep.npy"));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "keep");
+  int entries = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(files.path())) {
+    ++entries;
+  }
+  EXPECT_EQ(entries, 2);  // x.npy and keep.npy: no temporary file left behind
 
   auto put = Cli({"tensor", "put", files.File("x.npy"), "--chunk=8"}, key);
   ASSERT_EQ(put.exit_code, kOk) << put.output;

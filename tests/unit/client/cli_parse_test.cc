@@ -162,6 +162,9 @@ TEST(ParseAttrsTest, ItemsFromOneOrMoreFlags) {
   EXPECT_THAT(ParseAttrs({"axes"}).status().message(), HasSubstr("is not k=v"));
   EXPECT_THAT(ParseAttrs({"=1"}).status().message(), HasSubstr("is not k=v"));
   EXPECT_THAT(ParseAttrs({"a=1;a=2"}).status().message(), HasSubstr("twice"));
+  EXPECT_TRUE(ParseAttrs({std::string(64, 'k') + "=1"}).ok());
+  EXPECT_THAT(ParseAttrs({std::string(65, 'k') + "=1"}).status().message(),
+              HasSubstr("the limit is 64"));
   EXPECT_THAT(ParseAttrs({"axes=[x]"}).status().message(), HasSubstr("axes: list item"));
 }
 
