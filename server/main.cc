@@ -270,9 +270,8 @@ std::string ServerHelp() {
             [](const auto* a, const auto* b) { return a->Name() < b->Name(); });
   if (!others.empty()) absl::StrAppend(&out, "\nOther:\n");
   for (const absl::CommandLineFlag* flag : others) absl::StrAppend(&out, FlagHelp(*flag));
-  absl::StrAppend(&out,
-                  "\nSizes: a number of bytes, or KiB, MiB, GiB, TiB (powers of 1024; here K, M, "
-                  "G, T mean the same).\nDurations: ms, s, m, h (e.g. 30s, 1m30s).\n"
+  absl::StrAppend(&out, "\nSizes: ", tessera::kSizeSyntax,
+                  " (as Kubernetes reads them).\nDurations: ms, s, m, h (e.g. 30s, 1m30s).\n"
                   "--version prints the version and build; --helpfull also lists the flags of "
                   "the libraries.\n"
                   "README.md and docs/operations.md describe deployment.\n");

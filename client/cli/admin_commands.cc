@@ -45,6 +45,8 @@ void PrintTenant(const v1::Tenant& t, SizeUnits memory_units = SizeUnits::kBinar
             << "compute share:   " << q.compute_share_percent() << "%\n"
             << "max streams:     " << q.max_streams() << "\n"
             << "max queued jobs: " << q.max_queued_jobs() << "\n"
+            << "requests:        " << q.max_requests_in_flight() << " in flight, "
+            << q.requests_per_second() << " per second\n"
             << "priority:        " << (q.priority() == v1::PRIORITY_LOW ? "low" : "normal") << "\n"
             << "device:          " << t.device_index() << "\n"
             << "context:         " << KindName(t.context().kind()) << " (" << t.context().reason()
@@ -61,6 +63,8 @@ struct RegisterFlags {
   uint32_t compute_share = 0;
   uint32_t max_streams = 0;
   uint32_t max_queued_jobs = 0;
+  uint32_t max_requests_in_flight = 0;
+  uint32_t requests_per_second = 0;
   std::string priority;
   int32_t device = -1;
   std::string display_name;
@@ -80,6 +84,8 @@ int Register(Session& s, const RegisterFlags& f) {
   q->set_compute_share_percent(f.compute_share);
   q->set_max_streams(f.max_streams);
   q->set_max_queued_jobs(f.max_queued_jobs);
+  q->set_max_requests_in_flight(f.max_requests_in_flight);
+  q->set_requests_per_second(f.requests_per_second);
   q->set_priority(*ParsePriority(f.priority));
   if (f.device >= 0) request.set_device_index(f.device);
 
@@ -138,6 +144,14 @@ void AddRegister(CommandTree& tree, CLI::App* group) {
                   "Jobs that may wait, 1..65536 (default 1024)")
       ->type_name("N")
       ->check(Quiet(CLI::Range(1, 65536)));
+  cmd->add_option("--max_requests_in_flight", f->max_requests_in_flight,
+                  "Calls handled at once, 1..4096 (default 64)")
+      ->type_name("N")
+      ->check(Quiet(CLI::Range(1, 4096)));
+  cmd->add_option("--requests_per_second", f->requests_per_second,
+                  "Call rate limit, 1..1000000 (default 1000 per percent of compute share)")
+      ->type_name("N")
+      ->check(Quiet(CLI::Range(1, 1000000)));
   cmd->add_option("--priority", f->priority, "Stream priority: normal (default) or low")
       ->type_name("normal|low")
       ->check(Quiet(CLI::IsMember({"normal", "low"})));
@@ -286,7 +300,8 @@ void AddUpdate(CommandTree& tree, CLI::App* group) {
       {.usage = "ID [--display_name=NAME] [--labels=K=V,...]",
        .details = "Only the flags given change; --labels replaces every label (--labels '' "
                   "clears them).\nQuotas cannot change: the server refuses --memory, "
-                  "--compute_share, --max_streams,\n--max_queued_jobs and --priority here "
+                  "--compute_share, --max_streams,\n--max_queued_jobs, --max_requests_in_flight, "
+                  "--requests_per_second and --priority here "
                   "(deregister and register again).",
        .examples = {"tessera tenant update alpha --display_name='Alpha team'",
                     "tessera tenant update alpha --labels=team=ml,env=prod"}},
@@ -300,8 +315,8 @@ void AddUpdate(CommandTree& tree, CLI::App* group) {
                        ->delimiter(',')
                        ->allow_extra_args(false);  // one argument per --labels, split at commas
   // Accepted so that the server can explain that quotas are immutable.
-  for (const char* name :
-       {"memory", "compute_share", "max_streams", "max_queued_jobs", "priority"}) {
+  for (const char* name : {"memory", "compute_share", "max_streams", "max_queued_jobs",
+                           "max_requests_in_flight", "requests_per_second", "priority"}) {
     f->quota_flags.push_back(cmd->add_option(absl::StrCat("--", name))
                                  ->description("Refused: quotas cannot change")
                                  ->type_name("VALUE"));

@@ -15,39 +15,8 @@
 namespace tessera::cli {
 namespace {
 
-__extension__ using Uint128 = unsigned __int128;
-
-constexpr uint64_t kMaxSizeBytes = std::numeric_limits<int64_t>::max();
 // The longest attribute name the server takes (LaunchRequest.attrs keys).
 constexpr size_t kMaxAttrNameBytes = 64;
-
-struct SizeUnit {
-  absl::string_view name;  // lower case, without a trailing "b"
-  SizeUnits units;
-  uint64_t multiplier;
-};
-constexpr SizeUnit kSizeUnits[] = {
-    {"", SizeUnits::kBytes, 1},
-    {"k", SizeUnits::kDecimal, 1'000},
-    {"m", SizeUnits::kDecimal, 1'000'000},
-    {"g", SizeUnits::kDecimal, 1'000'000'000},
-    {"t", SizeUnits::kDecimal, 1'000'000'000'000},
-    {"p", SizeUnits::kDecimal, 1'000'000'000'000'000},
-    {"e", SizeUnits::kDecimal, 1'000'000'000'000'000'000},
-    {"ki", SizeUnits::kBinary, uint64_t{1} << 10},
-    {"mi", SizeUnits::kBinary, uint64_t{1} << 20},
-    {"gi", SizeUnits::kBinary, uint64_t{1} << 30},
-    {"ti", SizeUnits::kBinary, uint64_t{1} << 40},
-    {"pi", SizeUnits::kBinary, uint64_t{1} << 50},
-    {"ei", SizeUnits::kBinary, uint64_t{1} << 60},
-};
-
-bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-
-absl::Status NotASize(absl::string_view text, absl::string_view why) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("\"", text, "\" is not a size", why, "; write ", kSizeSyntax));
-}
 
 // "3", "-2", "+7" (what absl::SimpleAtoi accepts, without surrounding blanks).
 bool IsInteger(absl::string_view text, int64_t* value) {
@@ -72,8 +41,8 @@ bool IsFloat(absl::string_view text, double* value) {
 
 // A sample value of an attribute type, as written on the command line.
 std::string Example(absl::string_view type, absl::string_view written) {
-  int64_t i;
-  double f;
+  int64_t i = 0;
+  double f = 0;
   const bool is_int = IsInteger(written, &i);
   const bool is_number = IsFloat(written, &f);
   if (type == "ints") {
@@ -139,61 +108,9 @@ size_t SkipBlanksAndComments(absl::string_view text, size_t i) {
 
 }  // namespace
 
-absl::StatusOr<Size> ParseSize(absl::string_view text) {
-  const absl::string_view s = absl::StripAsciiWhitespace(text);
-  size_t i = 0;
-  while (i < s.size() && IsDigit(s[i])) ++i;
-  const absl::string_view whole = s.substr(0, i);
-  absl::string_view fraction;
-  if (i < s.size() && s[i] == '.') {
-    const size_t begin = ++i;
-    while (i < s.size() && IsDigit(s[i])) ++i;
-    fraction = s.substr(begin, i - begin);
-  }
-  if (whole.empty() && fraction.empty()) {
-    return NotASize(text, absl::StartsWith(s, "-") ? " (negative)" : "");
-  }
-  const absl::string_view written_unit = absl::StripLeadingAsciiWhitespace(s.substr(i));
-  if (written_unit == "m") {
-    return NotASize(text, " (m is milli in Kubernetes; write M for 10^6 bytes or Mi for 2^20)");
-  }
-  const std::string lower = absl::AsciiStrToLower(written_unit);
-  absl::string_view unit = lower;
-  if (unit != "b") absl::ConsumeSuffix(&unit, "b");
-  if (unit == "b") unit = "";
-  const SizeUnit* found = nullptr;
-  for (const SizeUnit& u : kSizeUnits) {
-    if (u.name == unit) found = &u;
-  }
-  if (found == nullptr) {
-    return NotASize(text, absl::StrCat(" (unknown unit \"", written_unit, "\")"));
-  }
-
-  uint64_t whole_value = 0;
-  if (!whole.empty() && (whole.size() > 19 || !absl::SimpleAtoi(whole, &whole_value))) {
-    return NotASize(text, " (more than 2^63-1 bytes)");
-  }
-  while (!fraction.empty() && fraction.back() == '0') fraction.remove_suffix(1);
-  if (fraction.size() > 18) return NotASize(text, " (too many decimals)");
-  uint64_t fraction_value = 0;
-  uint64_t fraction_scale = 1;
-  for (char c : fraction) {
-    fraction_value = fraction_value * 10 + static_cast<uint64_t>(c - '0');
-    fraction_scale *= 10;
-  }
-  const Uint128 whole_bytes = Uint128{whole_value} * found->multiplier;
-  const Uint128 fraction_bytes = Uint128{fraction_value} * found->multiplier;
-  if (fraction_bytes % fraction_scale != 0) {
-    return NotASize(text, " (not a whole number of bytes)");
-  }
-  const Uint128 bytes = whole_bytes + fraction_bytes / fraction_scale;
-  if (bytes > kMaxSizeBytes) return NotASize(text, " (more than 2^63-1 bytes)");
-  return Size{.bytes = static_cast<uint64_t>(bytes), .units = found->units};
-}
-
 absl::StatusOr<absl::Duration> ParseTimeout(absl::string_view text) {
   absl::Duration duration;
-  double seconds;
+  double seconds = 0;
   const absl::string_view s = absl::StripAsciiWhitespace(text);
   if (absl::SimpleAtod(s, &seconds) && s.find_first_of("0123456789") != absl::string_view::npos) {
     duration = absl::Seconds(seconds);
@@ -234,8 +151,8 @@ absl::StatusOr<v1::Priority> ParsePriority(absl::string_view text) {
 
 absl::StatusOr<v1::AttrValue> ParseAttr(absl::string_view text) {
   v1::AttrValue value;
-  int64_t i;
-  double f;
+  int64_t i = 0;
+  double f = 0;
   if (text == "true" || text == "false") {
     value.set_b(text == "true");
   } else if (IsInteger(text, &i)) {

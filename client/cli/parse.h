@@ -15,33 +15,18 @@
 #include "absl/time/time.h"
 #include "google/protobuf/map.h"
 
+#include "server/common/byte_size.h"
 #include "tessera/v1/compute.pb.h"
 #include "tessera/v1/tenant_admin.pb.h"
 
 namespace tessera::cli {
 
-/// How a size was written.
-enum class SizeUnits {
-  kBytes,    // a plain number of bytes: "1073741824"
-  kBinary,   // Ki, Mi, Gi, Ti, Pi, Ei (optionally ...B): powers of 1024
-  kDecimal,  // k/K, M, G, T, P, E (optionally ...B): powers of 1000, as Kubernetes reads them
-};
-
-struct Size {
-  uint64_t bytes = 0;
-  SizeUnits units = SizeUnits::kBytes;
-};
-
-/// The syntax ParseSize accepts, in words, for help texts and error messages.
-inline constexpr char kSizeSyntax[] =
-    "a number of bytes with an optional unit: Ki, Mi, Gi, Ti (powers of 1024) or K, M, G, T "
-    "(powers of 1000), e.g. 2Gi or 500M";
-
-/// Parses a size as Kubernetes does: "1073741824", "2Gi", "1.5G", "512MiB", "1GB", "64k",
-/// "1 Ti". Units are case-insensitive except "m", which Kubernetes reads as milli and is
-/// refused. A fraction must come to a whole number of bytes ("0.5Ki" is 512; "0.3Ki" is
-/// refused). At most 2^63-1 bytes.
-absl::StatusOr<Size> ParseSize(absl::string_view text);
+// Sizes: the server's parser (server/common/byte_size.h), so the CLI and tessera-server's
+// flags read "2G" and "2Gi" alike.
+using ::tessera::kSizeSyntax;
+using ::tessera::ParseSize;
+using ::tessera::SizeUnits;
+using Size = ::tessera::ParsedSize;
 
 /// Parses a deadline such as "30s", "500ms", "1m30s" (absl::ParseDuration) or a plain number
 /// of seconds ("10", "2.5"). Must be positive; "inf" waits for ever.

@@ -11,6 +11,10 @@
 namespace tessera::kernels::cpu {
 namespace {
 
+// The largest dimension up to which a product alone on the machine is one multi-threaded
+// OpenBLAS call rather than row blocks (the crossover measured in scenario 3).
+constexpr int64_t kThreadedBlasMaxDim = 1024;
+
 template <typename T>
 void Gemm(const MatmulGeometry& g, const T* a, const T* b, T* c, int64_t rows, T alpha, T beta) {
   const auto ta = g.ta ? CblasTrans : CblasNoTrans;
@@ -37,6 +41,18 @@ void MatmulTyped(const MatmulGeometry& g, const T* a, const T* b, T* y, double a
     const int64_t total = batches * g.m * g.n;
     for (int64_t i = 0; i < total; ++i) y[i] = beta == T(0) ? T(0) : beta * y[i];
     return;
+  }
+  // A small single product with the machine to itself: one multi-threaded OpenBLAS call,
+  // whose threads share packed panels, beats row blocks on separate workers (measured:
+  // docs/benchmarks.md, scenario 3). OpenBLAS's thread count is process-wide, so it is raised
+  // only for this call, which no other work overlaps (AloneConcurrency).
+  if (batches == 1 && std::max({g.m, g.n, g.k}) <= kThreadedBlasMaxDim) {
+    if (const int alone = parallel.AloneConcurrency(); alone > 1) {
+      openblas_set_num_threads(alone);
+      Gemm<T>(g, a + g.a_offset[0], b + g.b_offset[0], y, g.m, alpha, beta);
+      openblas_set_num_threads(1);
+      return;
+    }
   }
   // One row block per worker (fewer when batches already fill them), each at least 64 rows:
   // BLAS is most efficient on large blocks.

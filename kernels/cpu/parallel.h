@@ -18,6 +18,10 @@ class Parallel {
   virtual void For(int64_t n, int64_t grain, absl::FunctionRef<void(int64_t, int64_t)> body) = 0;
   /// Workers that may run chunks at once (sizing hint for kernels).
   virtual int Concurrency() const = 0;
+  /// The threads this task may use by itself, through a library's own threading, right now:
+  /// Concurrency() when nothing else runs or waits, else 1. A hint for work that a
+  /// multi-threaded library call does better than chunks (small matrix products).
+  virtual int AloneConcurrency() const { return 1; }
 };
 
 /// Runs every chunk on the calling thread, in order.

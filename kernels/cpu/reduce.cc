@@ -273,28 +273,30 @@ void RunNorm(bool rms, const Plan& plan, const std::vector<const void*>& in, voi
       const S* weight = in.size() > 1 ? static_cast<const S*>(in[1]) : nullptr;
       const S* bias = in.size() > 2 ? static_cast<const S*>(in[2]) : nullptr;
       S* y = static_cast<S*>(out);
-      parallel.For(rows, std::max<int64_t>(1, (1 << 13) / width), [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) {
-          const S* row = x + r * width;
-          double mean = 0;
-          if (!rms) {
-            for (int64_t k = 0; k < width; ++k) mean += Elem<D>::Load(row[k]);
-            mean /= static_cast<double>(width);
-          }
-          double square = 0;
-          for (int64_t k = 0; k < width; ++k) {
-            double centered = static_cast<double>(Elem<D>::Load(row[k])) - mean;
-            square += centered * centered;
-          }
-          const double inv = 1.0 / std::sqrt(square / static_cast<double>(width) + eps);
-          for (int64_t k = 0; k < width; ++k) {
-            double v = (static_cast<double>(Elem<D>::Load(row[k])) - mean) * inv;
-            if (weight != nullptr) v *= static_cast<double>(Elem<D>::Load(weight[k]));
-            if (bias != nullptr) v += static_cast<double>(Elem<D>::Load(bias[k]));
-            y[r * width + k] = Elem<D>::Store(static_cast<C>(v));
-          }
-        }
-      });
+      parallel.For(rows, std::max<int64_t>(1, (1 << 13) / std::max<int64_t>(1, width)),
+                   [&](int64_t b, int64_t e) {
+                     for (int64_t r = b; r < e; ++r) {
+                       const S* row = x + r * width;
+                       double mean = 0;
+                       if (!rms) {
+                         for (int64_t k = 0; k < width; ++k) mean += Elem<D>::Load(row[k]);
+                         mean /= static_cast<double>(width);
+                       }
+                       double square = 0;
+                       for (int64_t k = 0; k < width; ++k) {
+                         double centered = static_cast<double>(Elem<D>::Load(row[k])) - mean;
+                         square += centered * centered;
+                       }
+                       const double inv =
+                           1.0 / std::sqrt(square / static_cast<double>(width) + eps);
+                       for (int64_t k = 0; k < width; ++k) {
+                         double v = (static_cast<double>(Elem<D>::Load(row[k])) - mean) * inv;
+                         if (weight != nullptr) v *= static_cast<double>(Elem<D>::Load(weight[k]));
+                         if (bias != nullptr) v += static_cast<double>(Elem<D>::Load(bias[k]));
+                         y[r * width + k] = Elem<D>::Store(static_cast<C>(v));
+                       }
+                     }
+                   });
     }
   });
 }

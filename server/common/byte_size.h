@@ -1,6 +1,8 @@
 #ifndef TESSERA_SERVER_COMMON_BYTE_SIZE_H_
 #define TESSERA_SERVER_COMMON_BYTE_SIZE_H_
 
+// Sizes as people write them, read the way Kubernetes reads quantities: one parser for the
+// server's flags and the CLI (client/cli/parse.h re-exports it).
 #include <cstdint>
 #include <string>
 
@@ -9,11 +11,33 @@
 
 namespace tessera {
 
-/// Parses "1048576", "512MiB", "1.5GiB", "2G" (binary units: K/Ki/KiB = 1024, up to P).
-/// INVALID_ARGUMENT for anything else or a value past 2^63.
+/// How a size was written.
+enum class SizeUnits {
+  kBytes,    // a plain number of bytes: "1073741824"
+  kBinary,   // Ki, Mi, Gi, Ti, Pi, Ei (optionally ...B): powers of 1024
+  kDecimal,  // k/K, M, G, T, P, E (optionally ...B): powers of 1000, as Kubernetes reads them
+};
+
+struct ParsedSize {
+  uint64_t bytes = 0;
+  SizeUnits units = SizeUnits::kBytes;
+};
+
+/// The syntax ParseSize accepts, in words, for help texts and error messages.
+inline constexpr char kSizeSyntax[] =
+    "a number of bytes with an optional unit: Ki, Mi, Gi, Ti (powers of 1024) or K, M, G, T "
+    "(powers of 1000), e.g. 2Gi or 500M";
+
+/// Parses a size as Kubernetes does: "1073741824", "2Gi", "1.5G", "512MiB", "1GB", "64k",
+/// "1 Ti". Units are case-insensitive except "m", which Kubernetes reads as milli and is
+/// refused. A fraction must come to a whole number of bytes ("0.5Ki" is 512; "0.3Ki" is
+/// refused). At most 2^63-1 bytes. INVALID_ARGUMENT showing kSizeSyntax otherwise.
+absl::StatusOr<ParsedSize> ParseSize(absl::string_view text);
+
+/// ParseSize's number of bytes.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 
-/// A byte count usable as an absl flag ("--cpu_memory_bytes=8GiB").
+/// A byte count usable as an absl flag ("--cpu_memory_bytes=8Gi").
 struct ByteSize {
   uint64_t bytes = 0;
 };

@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
+#include "server/common/fd_io.h"
+
 namespace tessera {
 namespace {
 
@@ -26,30 +28,39 @@ absl::Status CheckLength(absl::string_view token, absl::string_view source) {
   return absl::OkStatus();
 }
 
+absl::Status SystemError(absl::string_view what, const std::string& path) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("cannot ", what, " admin token file ", path, ": ", std::strerror(errno)));
+}
+
+// Creates `path` holding `token` so that a crash at any point leaves either no file or the whole
+// token, never an empty or partial one: the token goes to a temporary file in the same directory,
+// is synced, and is then linked to `path` (link, unlike rename, fails if `path` appeared
+// meanwhile, so a token another process created first is never replaced); the directory is
+// synced last so that the new name survives a power loss. Returns AlreadyExists when `path`
+// exists.
 absl::Status WriteNewToken(const std::string& path, const std::string& token) {
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create admin token file ", path, ": ", std::strerror(errno)));
+  std::string temp = absl::StrCat(path, ".tmp.XXXXXX");
+  int fd = mkostemp(temp.data(), O_CLOEXEC);  // mode 0600, a name no other caller has
+  if (fd < 0) return SystemError("create", temp);
+  absl::Cleanup remove_temp = [&temp] { unlink(temp.c_str()); };
+  {
+    absl::Cleanup close_fd = [fd] { close(fd); };
+    if (!WriteAll(fd, token + "\n")) return SystemError("write", temp);
+    if (fsync(fd) != 0) return SystemError("sync", temp);
   }
-  absl::Cleanup close_fd = [fd] { close(fd); };
-  std::string line = token + "\n";
-  size_t written = 0;
-  while (written < line.size()) {
-    ssize_t n = write(fd, line.data() + written, line.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      unlink(path.c_str());
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot write admin token file ", path, ": ", std::strerror(errno)));
-    }
-    written += static_cast<size_t>(n);
+  if (link(temp.c_str(), path.c_str()) != 0) {
+    if (errno == EEXIST) return absl::AlreadyExistsError(path);
+    return SystemError("create", path);
   }
-  if (fsync(fd) != 0) {
-    unlink(path.c_str());
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot sync admin token file ", path, ": ", std::strerror(errno)));
-  }
+  std::string dir = path;
+  const size_t slash = dir.rfind('/');
+  dir = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+  int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return SystemError("open the directory of", path);
+  absl::Cleanup close_dir = [dir_fd] { close(dir_fd); };
+  std::move(remove_temp).Invoke();
+  if (fsync(dir_fd) != 0) return SystemError("sync the directory of", path);
   return absl::OkStatus();
 }
 
@@ -68,16 +79,18 @@ absl::StatusOr<AdminCredential> LoadOrCreateAdminToken(const std::string& path,
   credential.source = path;
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
-    if (errno != ENOENT) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot stat admin token file ", path, ": ", std::strerror(errno)));
-    }
+    if (errno != ENOENT) return SystemError("stat", path);
     absl::StatusOr<std::string> token = RandomToken(kSecretBytes);
     if (!token.ok()) return token.status();
-    if (absl::Status s = WriteNewToken(path, *token); !s.ok()) return s;
-    credential.hash = HashCredential(*token);
-    credential.created = true;
-    return credential;
+    absl::Status written = WriteNewToken(path, *token);
+    if (written.ok()) {
+      credential.hash = HashCredential(*token);
+      credential.created = true;
+      return credential;
+    }
+    // Another process created the file first: use its token.
+    if (!absl::IsAlreadyExists(written)) return written;
+    if (stat(path.c_str(), &st) != 0) return SystemError("stat", path);
   }
   if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
     credential.warning =

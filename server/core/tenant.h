@@ -21,6 +21,10 @@ struct Quota {
   uint32_t max_streams = 0;
   uint32_t max_queued_jobs = 0;
   Priority priority = Priority::kNormal;
+  /// Requests the server handles for the tenant at once (RequestGate); 0 before defaults.
+  uint32_t max_requests_in_flight = 0;
+  /// The tenant's request rate limit, per second (token bucket); 0 before defaults.
+  uint32_t requests_per_second = 0;
 
   friend bool operator==(const Quota&, const Quota&) = default;
 };

@@ -1,5 +1,6 @@
 #include "server/core/tenant_runtime.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,7 @@
 #include "server/common/status_macros.h"
 #include "server/common/telemetry.h"
 #include "server/core/token.h"
+#include "server/core/validation.h"
 
 namespace tessera {
 namespace {
@@ -18,6 +20,20 @@ absl::StatusOr<std::string> NewId(absl::string_view prefix) {
 
 absl::Status NotFound(absl::string_view handle) {
   return absl::NotFoundError(absl::StrCat("tensor \"", handle.substr(0, 64), "\" not found"));
+}
+
+// The gate a quota asks for (unset fields, as in tests that skip NormalizeQuota, take the
+// defaults NormalizeQuota would give).
+RequestGate RequestGateFor(const Quota& quota) {
+  const uint32_t in_flight = quota.max_requests_in_flight != 0 ? quota.max_requests_in_flight
+                                                               : kDefaultMaxRequestsInFlight;
+  const double rate = quota.requests_per_second != 0
+                          ? quota.requests_per_second
+                          : kDefaultRequestsPerSecondPerSharePercent *
+                                std::max<uint32_t>(1, quota.compute_share_percent != 0
+                                                          ? quota.compute_share_percent
+                                                          : kDefaultComputeSharePercent);
+  return RequestGate(in_flight, rate, RequestGate::BurstFor(in_flight, rate));
 }
 
 }  // namespace
@@ -51,6 +67,7 @@ TenantRuntime::TenantRuntime(std::string tenant_id, Quota quota,
       quota_(quota),
       context_info_(context->info()),
       ledger_(MemoryLedger::Create(tenant_id_, quota.device_memory_bytes)),
+      requests_(RequestGateFor(quota)),
       scheduler_(scheduler != nullptr
                      ? std::move(scheduler)
                      : JobScheduler::Create({.device_in_flight = std::vector<int>(
@@ -500,10 +517,12 @@ void TenantRuntime::Run(const std::shared_ptr<Job>& job, MemoryCharge scratch) {
       stream, std::move(exec),
       [weak, job, queue, stream, scratch = std::move(scratch)](ExecResult result) mutable {
         absl::Duration run_time = result.run_time;
+        // Before the job's waiters hear of it: a client's next GetUsage must not see the
+        // finished job's scratch still charged.
+        scratch.Release();
         if (std::shared_ptr<TenantRuntime> self = weak.lock()) {
           self->Done(job, std::move(result));
         }
-        scratch.Release();
         queue->Completed(stream, run_time);
       });
 }

@@ -21,6 +21,7 @@
 #include "server/core/job_scheduler.h"
 #include "server/core/kernel_library.h"
 #include "server/core/memory_ledger.h"
+#include "server/core/request_gate.h"
 #include "server/core/tenant.h"
 
 namespace tessera {
@@ -118,6 +119,9 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   /// The tenant's own kernels (DefineKernel; TenantTable persists them). Launches find a
   /// name in the catalog first, then here.
   KernelLibrary& kernels() { return kernels_; }
+  /// The bound on the tenant's calls in flight and their rate (quota.max_requests_in_flight,
+  /// quota.requests_per_second). The adapters take a ticket per call after authentication.
+  RequestGate& requests() { return requests_; }
   const KernelLibrary& kernels() const { return kernels_; }
 
   // ---- tensors ----
@@ -309,6 +313,7 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   const ContextInfo context_info_;
   const std::shared_ptr<MemoryLedger> ledger_;
   KernelLibrary kernels_;
+  RequestGate requests_;
   const std::shared_ptr<JobScheduler> scheduler_;
   const std::shared_ptr<JobScheduler::Queue> queue_;
 

@@ -57,6 +57,22 @@ absl::Status TenantTable::Restore() {
   ASSIGN_OR_RETURN(std::vector<TenantRecord> records, store_->LoadAll());
   const std::vector<DeviceInfo>& devices = backend_->devices();
   for (TenantRecord& record : records) {
+    // A quota is checked when it is registered; a stored one could still be out of bounds (a
+    // file edited or damaged outside Tessera), and contexts are built from it: refuse to start
+    // rather than let it abort the server or take all of its memory.
+    absl::StatusOr<Quota> quota = NormalizeQuota(record.quota);
+    if (!quota.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("restore: tenant \"", record.id, "\" has a stored quota out of bounds (",
+                       quota.status().message(),
+                       "); the state file was changed outside Tessera: deregister the tenant ",
+                       "with an older state file or restore a backup"));
+    }
+    if (!(*quota == record.quota)) {
+      // Stored by a version that had fewer quota fields: the new ones get their defaults.
+      record.quota = *std::move(quota);
+      RETURN_IF_ERROR(store_->Update(record));
+    }
     if (record.device_index < 0 || static_cast<size_t>(record.device_index) >= devices.size()) {
       // The device is gone (e.g. a GPU removed): place the tenant again and persist it.
       std::vector<DeviceLoad> loads;

@@ -98,6 +98,7 @@ absl::StatusOr<Quota> NormalizeQuota(const Quota& requested) {
   if (q.compute_share_percent == 0) q.compute_share_percent = kDefaultComputeSharePercent;
   if (q.max_streams == 0) q.max_streams = kDefaultMaxStreams;
   if (q.max_queued_jobs == 0) q.max_queued_jobs = kDefaultMaxQueuedJobs;
+  if (q.max_requests_in_flight == 0) q.max_requests_in_flight = kDefaultMaxRequestsInFlight;
 
   if (q.device_memory_bytes == 0) {
     return absl::InvalidArgumentError(
@@ -122,6 +123,20 @@ absl::StatusOr<Quota> NormalizeQuota(const Quota& requested) {
   if (q.max_queued_jobs > kMaxQueuedJobs) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "quota.max_queued_jobs is %d; the range is 1..%d", q.max_queued_jobs, kMaxQueuedJobs));
+  }
+  if (q.max_requests_in_flight > kMaxRequestsInFlight) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("quota.max_requests_in_flight is %d; the range is 1..%d",
+                        q.max_requests_in_flight, kMaxRequestsInFlight));
+  }
+  // Derived from the share only once the share is known to be in range.
+  if (q.requests_per_second == 0) {
+    q.requests_per_second = kDefaultRequestsPerSecondPerSharePercent * q.compute_share_percent;
+  }
+  if (q.requests_per_second > kMaxRequestsPerSecond) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("quota.requests_per_second is %d; the range is 1..%d",
+                        q.requests_per_second, kMaxRequestsPerSecond));
   }
   if (q.priority != Priority::kNormal && q.priority != Priority::kLow) {
     return absl::InvalidArgumentError(

@@ -21,6 +21,12 @@ inline constexpr uint32_t kDefaultMaxStreams = 4;
 inline constexpr uint32_t kMaxStreams = 64;
 inline constexpr uint32_t kDefaultMaxQueuedJobs = 1024;
 inline constexpr uint32_t kMaxQueuedJobs = 65536;
+inline constexpr uint32_t kDefaultMaxRequestsInFlight = 64;
+inline constexpr uint32_t kMaxRequestsInFlight = 4096;
+/// The default request rate is this many requests per second per percent of compute share
+/// (100 % → 100,000/s, far above what one server answers; 5 % → 5,000/s).
+inline constexpr uint32_t kDefaultRequestsPerSecondPerSharePercent = 1000;
+inline constexpr uint32_t kMaxRequestsPerSecond = 1'000'000;
 inline constexpr size_t kMaxTenantIdLength = 63;
 inline constexpr size_t kMaxDisplayNameBytes = 256;
 inline constexpr size_t kMaxLabels = 64;

@@ -164,6 +164,9 @@ class AccessLogInterceptor final : public grpc::experimental::Interceptor {
       message_ = status.error_message();
       status_sent_ = true;
       end_ = absl::Now();
+      // The call is answered: its request ticket goes back now, not when gRPC frees the call
+      // later, so that a client's next call never finds its previous one still counted.
+      record_->set_lease(nullptr);
     }
     methods->Proceed();
   }

@@ -36,9 +36,20 @@ struct CallRecord {
     absl::MutexLock lock(&mu);
     return tenant;
   }
+  /// What the call holds until it ends (its tenant's request ticket, auth.h): released when
+  /// the interceptor and every handler copy of the record are gone.
+  void set_lease(std::shared_ptr<void> held) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    lease = std::move(held);
+  }
+  bool has_lease() const ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    return lease != nullptr;
+  }
 
   mutable absl::Mutex mu;
   std::string tenant ABSL_GUARDED_BY(mu);
+  std::shared_ptr<void> lease ABSL_GUARDED_BY(mu);
 };
 
 /// The record the interceptor registered for `context`; null when none (no interceptor).

@@ -1,7 +1,14 @@
 #include "server/service/auth.h"
 
+#include <memory>
+#include <utility>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+#include "server/core/request_gate.h"
+#include "server/service/access_log.h"
 
 namespace tessera {
 
@@ -37,14 +44,33 @@ absl::Status Authenticator::AuthorizeAdmin(const grpc::ServerContextBase& contex
 }
 
 absl::StatusOr<std::shared_ptr<TenantRuntime>> Authenticator::AuthenticateTenant(
-    const grpc::ServerContextBase& context) const {
+    grpc::ServerContextBase& context) const {
   absl::StatusOr<std::string> token = BearerToken(context);
   if (!token.ok()) return token.status();
   KeyHash hash = HashCredential(*token);  // hashed once for both checks
   if (HashesEqual(hash, admin_hash_)) {
     return absl::PermissionDeniedError("the admin token cannot call Compute; use a tenant API key");
   }
-  return tenants_->AuthenticateKey(*token, hash);
+  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime = tenants_->AuthenticateKey(*token, hash);
+  if (!runtime.ok()) return runtime.status();
+  std::shared_ptr<CallRecord> record = FindCallRecord(&context);
+  if (record == nullptr || record->has_lease()) return runtime;
+  absl::StatusOr<std::unique_ptr<RequestGate::Ticket>> ticket = (*runtime)->requests().Begin();
+  if (!ticket.ok()) {
+    record->set_tenant((*runtime)->tenant_id());  // the access line names who was refused
+    if (const int64_t ms = RetryAfterMs(ticket.status()); ms >= 0) {
+      context.AddTrailingMetadata("grpc-retry-pushback-ms", absl::StrCat(ms));
+    }
+    return ticket.status();
+  }
+  // Holds the runtime too: the gate lives in it, and a deregistered tenant's calls may end
+  // after the table has let go of it.
+  struct Lease {
+    std::shared_ptr<TenantRuntime> runtime;
+    std::unique_ptr<RequestGate::Ticket> ticket;  // destroyed first
+  };
+  record->set_lease(std::make_shared<Lease>(Lease{*runtime, *std::move(ticket)}));
+  return runtime;
 }
 
 }  // namespace tessera

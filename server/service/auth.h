@@ -23,9 +23,13 @@ class Authenticator {
   absl::Status AuthorizeAdmin(const grpc::ServerContextBase& context) const;
 
   /// The runtime of the tenant whose key this is; PERMISSION_DENIED for the admin token;
-  /// UNAUTHENTICATED otherwise.
+  /// UNAUTHENTICATED otherwise. Also starts the call in the tenant's RequestGate, holding its
+  /// ticket in the call's record (access_log.h) until the call ends: RESOURCE_EXHAUSTED, with
+  /// a `grpc-retry-pushback-ms` trailer, past quota.max_requests_in_flight or
+  /// quota.requests_per_second. (Without the access log interceptor, as in tests that build
+  /// a service alone, there is no record and no gate.)
   absl::StatusOr<std::shared_ptr<TenantRuntime>> AuthenticateTenant(
-      const grpc::ServerContextBase& context) const;
+      grpc::ServerContextBase& context) const;
 
  private:
   const KeyHash admin_hash_;

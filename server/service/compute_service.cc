@@ -1,5 +1,6 @@
 #include "server/service/compute_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -10,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/alarm.h"
 
-#include "server/common/serial_executor.h"
 #include "server/common/status_macros.h"
 #include "server/core/tenant_table.h"
 #include "server/service/call.h"
@@ -18,6 +18,11 @@
 
 namespace tessera {
 namespace {
+
+// A tenant's weight in the transfer executor: its compute share.
+double Weight(const TenantRuntime& runtime) {
+  return static_cast<double>(std::max<uint32_t>(1, runtime.quota().compute_share_percent));
+}
 
 constexpr int64_t kDefaultChunkBytes = 1 << 20;
 constexpr int64_t kMinChunkBytes = 4 << 10;
@@ -168,7 +173,7 @@ class TransferCanceller {
 class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorRequest> {
  public:
   WriteTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
-                     SerialExecutor* transfers, v1::TensorInfo* response)
+                     FairExecutor* transfers, v1::TensorInfo* response)
       : context_(context),
         log_(context, "WriteTensor"),
         transfers_(transfers),
@@ -193,7 +198,8 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
  private:
   using Step = void (WriteTensorReactor::*)();
   void Post(Step step) {
-    absl::Status queued = transfers_->Schedule([this, step] { (this->*step)(); });
+    absl::Status queued = transfers_->Schedule(runtime_->tenant_id(), Weight(*runtime_),
+                                               [this, step] { (this->*step)(); });
     if (!queued.ok()) Fail(queued);
   }
 
@@ -259,7 +265,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
 
   grpc::CallbackServerContext* const context_;
   CallLog log_;
-  SerialExecutor* const transfers_;
+  FairExecutor* const transfers_;
   v1::TensorInfo* const response_;
   v1::WriteTensorRequest request_;
   std::shared_ptr<TenantRuntime> runtime_;
@@ -274,7 +280,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
 class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorResponse> {
  public:
   ReadTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
-                    SerialExecutor* transfers, const v1::ReadTensorRequest& request,
+                    FairExecutor* transfers, const v1::ReadTensorRequest& request,
                     int64_t max_message_bytes)
       : log_(context, "ReadTensor"), transfers_(transfers) {
     absl::Status status = Start(auth, context, request, max_message_bytes);
@@ -335,7 +341,8 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
   }
 
   void Post() {
-    absl::Status queued = transfers_->Schedule([this] { WriteNext(); });
+    absl::Status queued =
+        transfers_->Schedule(runtime_->tenant_id(), Weight(*runtime_), [this] { WriteNext(); });
     if (!queued.ok()) Done(queued);
   }
 
@@ -368,7 +375,7 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
   }
 
   CallLog log_;
-  SerialExecutor* const transfers_;
+  FairExecutor* const transfers_;
   std::shared_ptr<TenantRuntime> runtime_;
   std::unique_ptr<TenantRuntime::Reader> reader_;
   std::optional<TransferCanceller> canceller_;
@@ -476,8 +483,10 @@ grpc::ServerUnaryReactor* ComputeService::CreateTensor(grpc::CallbackServerConte
         "Python Client.put)"))));
     return reactor;
   }
-  absl::Status queued =
-      transfers_.Schedule([reactor, log, request, response, runtime = *std::move(runtime)]() {
+  const std::string tenant = (*runtime)->tenant_id();
+  const double weight = Weight(**runtime);
+  absl::Status queued = transfers_.Schedule(
+      tenant, weight, [reactor, log, request, response, runtime = *std::move(runtime)]() {
         absl::Status status = [&]() -> absl::Status {
           ASSIGN_OR_RETURN(kernels::TensorMeta meta, MetaFromProto(request->spec(), "spec"));
           ASSIGN_OR_RETURN(TensorInfo info, runtime->CreateTensor(meta, request->data()));
@@ -730,7 +739,10 @@ grpc::ServerUnaryReactor* ComputeService::ServeOffThread(grpc::CallbackServerCon
     return reactor;
   }
   log->set_tenant((*runtime)->tenant_id());
+  const std::string tenant = (*runtime)->tenant_id();
+  const double weight = Weight(**runtime);
   absl::Status queued = transfers_.Schedule(
+      tenant, weight,
       [reactor, log, body = std::move(body), runtime = *std::move(runtime)]() mutable {
         reactor->Finish(log->Finish(body(*runtime)));
       });

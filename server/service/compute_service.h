@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "server/common/serial_executor.h"
+#include "server/common/fair_executor.h"
 #include "server/service/auth.h"
 #include "tessera/v1/compute.grpc.pb.h"
 
@@ -25,7 +25,8 @@ class ComputeService final : public v1::Compute::CallbackService {
       : authenticator_(authenticator),
         tenants_(tenants),
         max_message_bytes_(max_message_bytes),
-        transfers_("tensor transfers", kMaxPendingTransfers, kTransferThreads) {}
+        transfers_("tensor transfers", kMaxPendingTransfers, kMaxPendingTransfersPerTenant,
+                   kTransferThreads) {}
 
   grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* context,
                                          const v1::CreateTensorRequest* request,
@@ -83,14 +84,17 @@ class ComputeService final : public v1::Compute::CallbackService {
                                     v1::Job* response, absl::Status parse_error);
 
   /// Threads that copy tensor bytes (CreateTensor data, WriteTensor and ReadTensor chunks)
-  /// so that no gRPC reaction copies; each transfer has at most one step queued.
+  /// and commit tenant kernels, so that no gRPC reaction copies or syncs; each transfer has
+  /// at most one step queued. Tenants share them by weighted fair queueing (FairExecutor,
+  /// weight = compute share): a tenant with one chunk waiting goes before one with many.
   static constexpr int kTransferThreads = 4;
   static constexpr size_t kMaxPendingTransfers = 4096;
+  static constexpr size_t kMaxPendingTransfersPerTenant = 1024;
 
   const Authenticator* const authenticator_;
   TenantTable* const tenants_;
   const int64_t max_message_bytes_;
-  SerialExecutor transfers_;
+  FairExecutor transfers_;
 };
 
 }  // namespace tessera

@@ -8,6 +8,8 @@ Quota QuotaFromProto(const v1::Quota& proto) {
   quota.compute_share_percent = proto.compute_share_percent();
   quota.max_streams = proto.max_streams();
   quota.max_queued_jobs = proto.max_queued_jobs();
+  quota.max_requests_in_flight = proto.max_requests_in_flight();
+  quota.requests_per_second = proto.requests_per_second();
   // UNSPECIFIED means the default; other values pass through for validation to judge.
   quota.priority = proto.priority() == v1::PRIORITY_UNSPECIFIED
                        ? Priority::kNormal
@@ -20,6 +22,8 @@ void QuotaToProto(const Quota& quota, v1::Quota* proto) {
   proto->set_compute_share_percent(quota.compute_share_percent);
   proto->set_max_streams(quota.max_streams);
   proto->set_max_queued_jobs(quota.max_queued_jobs);
+  proto->set_max_requests_in_flight(quota.max_requests_in_flight);
+  proto->set_requests_per_second(quota.requests_per_second);
   proto->set_priority(static_cast<v1::Priority>(quota.priority));
 }
 

@@ -97,7 +97,8 @@ Metrics::Metrics(const TenantTable* tenants, const Backend* backend, TenantLabel
       refusals_(Build<prometheus::Counter>(
           *registry_, "tessera_admission_refusals_total",
           "Requests refused with RESOURCE_EXHAUSTED, by reason (device_memory, "
-          "device_contexts, tenant_memory, queue_depth, kernel_count, other).")),
+          "device_contexts, tenant_memory, queue_depth, kernel_count, requests_in_flight, "
+          "request_rate, other).")),
       build_info_(
           Build<prometheus::Gauge>(*registry_, "tessera_build_info",
                                    "Always 1; the labels describe the running server's build.")) {
@@ -108,8 +109,8 @@ Metrics::Metrics(const TenantTable* tenants, const Backend* backend, TenantLabel
             {"cuda_toolkit", build.cuda_toolkit}})
       .Set(1);
   // The refusal reasons exist from the start, so that rate() sees the first one.
-  for (const char* reason :
-       {"device_memory", "device_contexts", "tenant_memory", "queue_depth", "kernel_count"}) {
+  for (const char* reason : {"device_memory", "device_contexts", "tenant_memory", "queue_depth",
+                             "kernel_count", "requests_in_flight", "request_rate"}) {
     refusals_.Add({{"reason", reason}});
   }
 }

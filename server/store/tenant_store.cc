@@ -108,6 +108,8 @@ CREATE TABLE IF NOT EXISTS tenants (
   max_queued_jobs       INTEGER NOT NULL,
   priority              INTEGER NOT NULL,
   device_index          INTEGER NOT NULL,
+  max_requests_in_flight INTEGER NOT NULL DEFAULT 0,
+  requests_per_second   INTEGER NOT NULL DEFAULT 0,
   create_time_us        INTEGER NOT NULL,
   update_time_us        INTEGER NOT NULL,
   key_create_time_us    INTEGER NOT NULL,
@@ -126,7 +128,7 @@ CREATE TABLE IF NOT EXISTS tenant_kernels (
   create_time_us INTEGER NOT NULL,
   PRIMARY KEY (tenant_id, name)
 ) STRICT;
-PRAGMA user_version = 2;
+PRAGMA user_version = 3;
 )sql";
 
 // A write transaction that rolls back unless committed.
@@ -184,6 +186,13 @@ absl::StatusOr<std::unique_ptr<TenantStore>> TenantStore::Open(const std::string
   if (schema < kSchemaVersion) {
     Transaction txn(db);
     RETURN_IF_ERROR(txn.Begin());
+    if (schema >= 1 && schema < 3) {
+      // Version 3 added the request quota fields; 0 means "not set", and the tenant table
+      // fills in their defaults when it restores the tenants (and stores them).
+      RETURN_IF_ERROR(Exec(db, R"sql(
+          ALTER TABLE tenants ADD COLUMN max_requests_in_flight INTEGER NOT NULL DEFAULT 0;
+          ALTER TABLE tenants ADD COLUMN requests_per_second INTEGER NOT NULL DEFAULT 0;)sql"));
+    }
     RETURN_IF_ERROR(Exec(db, kSchema));
     RETURN_IF_ERROR(txn.Commit());
     // A new database file: SQLite syncs the directory for the -wal file it creates but not
@@ -203,13 +212,15 @@ absl::Status TenantStore::WriteRecord(const TenantRecord& r, bool insert) {
     Statement stmt(db_, insert ? R"sql(
         INSERT INTO tenants (display_name, device_memory_bytes, compute_share_percent,
           max_streams, max_queued_jobs, priority, device_index, create_time_us,
-          update_time_us, key_create_time_us, key_hash, id)
-        VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12))sql"
+          update_time_us, key_create_time_us, key_hash, id, max_requests_in_flight,
+          requests_per_second)
+        VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14))sql"
                                : R"sql(
         UPDATE tenants SET display_name = ?1, device_memory_bytes = ?2,
           compute_share_percent = ?3, max_streams = ?4, max_queued_jobs = ?5, priority = ?6,
           device_index = ?7, create_time_us = ?8, update_time_us = ?9,
-          key_create_time_us = ?10, key_hash = ?11
+          key_create_time_us = ?10, key_hash = ?11, max_requests_in_flight = ?13,
+          requests_per_second = ?14
         WHERE id = ?12)sql");
     RETURN_IF_ERROR(stmt.status());
     stmt.Bind(1, r.display_name);
@@ -224,6 +235,8 @@ absl::Status TenantStore::WriteRecord(const TenantRecord& r, bool insert) {
     stmt.Bind(10, ToMicros(r.key_create_time));
     stmt.BindBlob(11, r.key_hash.data(), r.key_hash.size());
     stmt.Bind(12, r.id);
+    stmt.Bind(13, static_cast<int64_t>(r.quota.max_requests_in_flight));
+    stmt.Bind(14, static_cast<int64_t>(r.quota.requests_per_second));
     absl::StatusOr<int> step = stmt.Step();
     if (!step.ok()) {
       if (absl::IsAlreadyExists(step.status())) {
@@ -282,7 +295,7 @@ absl::StatusOr<std::vector<TenantRecord>> TenantStore::LoadAll() {
   Statement stmt(db_, R"sql(
       SELECT id, display_name, device_memory_bytes, compute_share_percent, max_streams,
         max_queued_jobs, priority, device_index, create_time_us, update_time_us,
-        key_create_time_us, key_hash
+        key_create_time_us, key_hash, max_requests_in_flight, requests_per_second
       FROM tenants ORDER BY id)sql");
   RETURN_IF_ERROR(stmt.status());
   for (;;) {
@@ -306,6 +319,8 @@ absl::StatusOr<std::vector<TenantRecord>> TenantStore::LoadAll() {
           absl::StrCat("state store: tenant \"", r.id, "\" has a malformed key hash"));
     }
     std::memcpy(r.key_hash.data(), blob, r.key_hash.size());
+    r.quota.max_requests_in_flight = static_cast<uint32_t>(stmt.Int(12));
+    r.quota.requests_per_second = static_cast<uint32_t>(stmt.Int(13));
     records.push_back(std::move(r));
   }
   Statement labels(db_, "SELECT tenant_id, key, value FROM tenant_labels ORDER BY tenant_id");

@@ -240,6 +240,47 @@ bool Succeeded(const absl::StatusOr<v1::Job>& job) {
   return job.ok() && job->state() == v1::JOB_STATE_SUCCEEDED;
 }
 
+// ---- Calls through gRPC's callback API, for the load generator (loadgen.h) -----------------
+
+// Echo of `message` (which must outlive every call).
+AsyncCall EchoCalls(Echo::Stub* stub, const EchoMessage* message) {
+  return [stub, message](int, Done done) {
+    struct Call {
+      grpc::ClientContext context;
+      EchoMessage reply;
+    };
+    auto* call = new Call;
+    stub->async()->Echo(&call->context, message, &call->reply,
+                        [call, done = std::move(done)](grpc::Status status) {
+                          delete call;
+                          done(status.ok());
+                        });
+  };
+}
+
+// Launch (with wait) of requests[slot % size] as the tenant whose key is `token`: a success
+// is a job that SUCCEEDED.
+AsyncCall LaunchCalls(v1::Compute::Stub* stub, std::string token,
+                      std::vector<v1::LaunchRequest> requests) {
+  auto shared = std::make_shared<const std::vector<v1::LaunchRequest>>(std::move(requests));
+  auto header = std::make_shared<const std::string>(absl::StrCat("Bearer ", token));
+  return [stub, shared, header](int slot, Done done) {
+    struct Call {
+      grpc::ClientContext context;
+      v1::Job job;
+    };
+    auto* call = new Call;
+    call->context.AddMetadata("authorization", *header);
+    const v1::LaunchRequest& request = (*shared)[static_cast<size_t>(slot) % shared->size()];
+    stub->async()->Launch(
+        &call->context, &request, &call->job, [call, done = std::move(done)](grpc::Status status) {
+          const bool ok = status.ok() && call->job.state() == v1::JOB_STATE_SUCCEEDED;
+          delete call;
+          done(ok);
+        });
+  };
+}
+
 struct Env {
   bool quick = false;
   int cores = 1;
@@ -251,6 +292,15 @@ struct Env {
   std::unique_ptr<Echo::Stub> echo;
   Report report;
   std::vector<std::string> registered;
+  // Per tenant client: its API key and a raw stub on its channel, for LaunchCalls.
+  std::map<const Client*, std::string> keys;
+  std::map<const Client*, std::unique_ptr<v1::Compute::Stub>> stubs;
+
+  AsyncCall Launches(const Client& tenant, std::vector<v1::LaunchRequest> requests) {
+    std::unique_ptr<v1::Compute::Stub>& stub = stubs[&tenant];
+    if (stub == nullptr) stub = v1::Compute::NewStub(tenant.channel());
+    return LaunchCalls(stub.get(), keys.at(&tenant), std::move(requests));
+  }
 
   // Deregisters every tenant registered so far (between scenarios, so reservations from
   // one scenario never crowd the next).
@@ -279,8 +329,10 @@ struct Env {
       std::fprintf(stderr, "RegisterTenant %s: %s\n", id.c_str(), key.status().ToString().c_str());
       std::exit(1);
     }
-    return *Client::Connect(
+    std::unique_ptr<Client> client = *Client::Connect(
         {.address = server->address(), .token = key->api_key(), .timeout = absl::Minutes(5)});
+    keys[client.get()] = key->api_key();
+    return client;
   }
 };
 
@@ -321,20 +373,18 @@ void TinyOp(Env& env) {
   v1::LaunchRequest launch = Binary("add", ops.a, ops.b, ops.out[0]);
   EchoMessage message;
   message.set_data(std::string(4096, 'x'));
-  auto echo_call = [&] {
-    grpc::ClientContext ctx;
-    EchoMessage reply;
-    return env.echo->Echo(&ctx, message, &reply).ok();
-  };
+  // Both through the same generator and the same callback-API client code.
+  const AsyncCall echo_call = EchoCalls(env.echo.get(), &message);
+  const AsyncCall launch_one = env.Launches(*tenant, {launch});
   for (int i = 0; i < 100; ++i) {  // warm both paths
-    echo_call();
-    (void)tenant->Launch(launch);
+    (void)TimeOneCall(echo_call);
+    (void)TimeOneCall(launch_one);
   }
   const int calls = static_cast<int>(env.Pick(500, 3000));
   std::vector<double> echo_t, launch_t;
   for (int i = 0; i < calls; ++i) {  // interleaved, so drift affects both alike
-    echo_t.push_back(Time(echo_call));
-    launch_t.push_back(Time([&] { (void)tenant->Launch(launch); }));
+    echo_t.push_back(TimeOneCall(echo_call));
+    launch_t.push_back(TimeOneCall(launch_one));
   }
   env.report.Add(Latency("1", "4 KiB add, Launch wait, p50, 1 in flight", Percentile(launch_t, 0.5),
                          "echo 4 KiB", Percentile(echo_t, 0.5), Goal::kAtMost, 1.25));
@@ -349,10 +399,8 @@ void TinyOp(Env& env) {
     per_worker.push_back(
         Binary("add", ops.a, ops.b, ops.out[static_cast<size_t>(w)], static_cast<uint32_t>(w)));
   }
-  auto launch_call = [&](int w) {
-    return Succeeded(tenant->Launch(per_worker[static_cast<size_t>(w)]));
-  };
-  auto echo_worker = [&](int) { return echo_call(); };
+  const AsyncCall launch_call = env.Launches(*tenant, per_worker);
+  const AsyncCall& echo_worker = echo_call;
   LoadResult echo16 = RunLoad({.workers = 16, .duration = window}, echo_worker);
   LoadResult launch16 = RunLoad({.workers = 16, .duration = window}, launch_call);
   env.report.Add(Rate("1", "4 KiB add QPS, 16 in flight", launch16.Qps(), "req/s", "echo 4 KiB",
@@ -581,6 +629,7 @@ const Workload kAdd4MiB{"add", {1 << 20}};
 const Workload kMatmul256{"matmul", {256, 256}};
 
 struct Saturating {
+  Env* env = nullptr;
   std::vector<std::unique_ptr<Client>> tenants;
   std::vector<Operands> ops;
 };
@@ -588,6 +637,7 @@ struct Saturating {
 Saturating MakeSaturating(Env& env, const std::string& prefix, const std::vector<uint32_t>& shares,
                           int in_flight, const Workload& work = kAdd4MiB) {
   Saturating s;
+  s.env = &env;
   for (size_t i = 0; i < shares.size(); ++i) {
     s.tenants.push_back(env.Tenant(absl::StrCat(prefix, i), 64 << 20, shares[i],
                                    static_cast<uint32_t>(std::max(1, in_flight))));
@@ -605,9 +655,14 @@ LoadResult Saturate(Saturating& s, int in_flight, absl::Duration duration) {
     requests.push_back(Binary(ops.kernel, ops.a, ops.b, ops.out[static_cast<size_t>(w % in_flight)],
                               static_cast<uint32_t>(w % in_flight)));
   }
-  return RunLoad({.workers = workers, .duration = duration}, [&](int w) {
-    return Succeeded(
-        s.tenants[static_cast<size_t>(w / in_flight)]->Launch(requests[static_cast<size_t>(w)]));
+  std::vector<AsyncCall> per_tenant;
+  for (size_t t = 0; t < s.tenants.size(); ++t) {
+    per_tenant.push_back(s.env->Launches(
+        *s.tenants[t], std::vector<v1::LaunchRequest>(requests.begin() + t * in_flight,
+                                                      requests.begin() + (t + 1) * in_flight)));
+  }
+  return RunLoad({.workers = workers, .duration = duration}, [&](int w, Done done) {
+    per_tenant[static_cast<size_t>(w / in_flight)](w % in_flight, std::move(done));
   });
 }
 
@@ -726,13 +781,14 @@ void Noisy(Env& env) {
   auto quiet = env.Tenant("quiet", 64 << 20);
   Operands ops = MakeOperands(*quiet, {1024}, 1);
   v1::LaunchRequest launch = Binary("add", ops.a, ops.b, ops.out[0]);
+  const AsyncCall quiet_call = env.Launches(*quiet, {launch});
   const int calls = static_cast<int>(env.Pick(300, 1500));
   auto measure = [&] {
     std::vector<double> t;
-    for (int i = 0; i < calls; ++i) t.push_back(Time([&] { (void)quiet->Launch(launch); }));
+    for (int i = 0; i < calls; ++i) t.push_back(TimeOneCall(quiet_call));
     return t;
   };
-  for (int i = 0; i < 50; ++i) (void)quiet->Launch(launch);
+  for (int i = 0; i < 50; ++i) (void)TimeOneCall(quiet_call);
   std::vector<double> alone = measure();
   const int in_flight = 2;
   Saturating noisy = MakeSaturating(env, "noisy-", {10, 10, 10, 10}, in_flight);

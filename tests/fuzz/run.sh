@@ -21,23 +21,8 @@ targets=("$@")
 
 # ---- Build -----------------------------------------------------------------------------------
 if ! grep -q '^TESSERA_FUZZ:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
-  extra=()
-  # Until tests/CMakeLists.txt adds this directory itself, include it at the end of the
-  # top-level directory.
-  if ! grep -q 'add_subdirectory(fuzz)' "$root/tests/CMakeLists.txt"; then
-    mkdir -p "$build"
-    cat >"$build/add_fuzz_hook.cmake" <<'EOF'
-function(_tessera_add_fuzz_dir)
-  if(TESSERA_BUILD_TESTS AND NOT TARGET tessera_fuzz_support)
-    include(${CMAKE_SOURCE_DIR}/tests/fuzz/CMakeLists.txt)
-  endif()
-endfunction()
-cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL _tessera_add_fuzz_dir)
-EOF
-    extra+=("-DCMAKE_PROJECT_INCLUDE=$build/add_fuzz_hook.cmake")
-  fi
   CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DTESSERA_CUDA=OFF \
-    -DTESSERA_FUZZ=ON -DTESSERA_SANITIZE=address,undefined,fuzzer-no-link "${extra[@]}"
+    -DTESSERA_FUZZ=ON -DTESSERA_SANITIZE=address,undefined,fuzzer-no-link
 fi
 build_targets=()
 for t in "${targets[@]}"; do build_targets+=("tessera_fuzz_$t"); done

@@ -579,13 +579,17 @@ class Admin(_Base):
     def register(self, tenant_id: str, memory_bytes: int, display_name: str = "",
                  labels: Optional[Mapping[str, str]] = None, compute_share_percent: int = 0,
                  max_streams: int = 0, max_queued_jobs: int = 0,
-                 device_index: Optional[int] = None) -> Tuple[apb.Tenant, str]:
-        """Registers a tenant; returns (tenant, api_key). The key is shown only once."""
+                 device_index: Optional[int] = None, max_requests_in_flight: int = 0,
+                 requests_per_second: int = 0) -> Tuple[apb.Tenant, str]:
+        """Registers a tenant; returns (tenant, api_key). The key is shown only once. Quota
+        fields left 0 take the server's defaults."""
         request = apb.RegisterTenantRequest(
             tenant_id=tenant_id, display_name=display_name, labels=dict(labels or {}),
             quota=apb.Quota(device_memory_bytes=memory_bytes,
                             compute_share_percent=compute_share_percent,
-                            max_streams=max_streams, max_queued_jobs=max_queued_jobs))
+                            max_streams=max_streams, max_queued_jobs=max_queued_jobs,
+                            max_requests_in_flight=max_requests_in_flight,
+                            requests_per_second=requests_per_second))
         if device_index is not None:
             request.device_index = device_index
         r = self._call(self._stub.RegisterTenant, request)

@@ -40,10 +40,19 @@ class AlreadyExists(TesseraError):
 
 
 class QuotaExceeded(TesseraError):
-    """RESOURCE_EXHAUSTED: a memory quota, queue depth or kernel count; the message names
-    the numbers the server sent."""
+    """RESOURCE_EXHAUSTED: a memory quota, queue depth, kernel count, or the tenant's calls in
+    flight or per second; the message names the numbers the server sent. ``retry_after`` is
+    the server's hint in seconds (its ``grpc-retry-pushback-ms`` trailer) when it sent one,
+    else ``None``::
+
+        try:
+            client.run("add", a, b)
+        except tessera.QuotaExceeded as e:
+            time.sleep(e.retry_after or 0.1)
+    """
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    retry_after: Optional[float] = None
 
 
 class FailedPrecondition(TesseraError):
@@ -107,4 +116,12 @@ def from_rpc_error(error: grpc.RpcError) -> TesseraError:
     """Converts a grpc.RpcError into the matching TesseraError."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
-    return from_code(code, details or str(code))
+    converted = from_code(code, details or str(code))
+    if isinstance(converted, QuotaExceeded) and hasattr(error, "trailing_metadata"):
+        for key, value in error.trailing_metadata() or ():
+            if key == "grpc-retry-pushback-ms":
+                try:
+                    converted.retry_after = int(value) / 1000.0
+                except ValueError:
+                    pass
+    return converted

@@ -61,6 +61,10 @@ class CpuScheduler::RegionParallel final : public kernels::Parallel {
   }
 
   int Concurrency() const override { return scheduler_->threads(); }
+  int AloneConcurrency() const override {
+    absl::MutexLock lock(&scheduler_->mu_);
+    return scheduler_->active_ == 1 && !scheduler_->HasWorkLocked() ? scheduler_->threads() : 1;
+  }
   int64_t wait_ns() const { return wait_ns_; }
 
  private:
@@ -79,9 +83,29 @@ void CpuScheduler::QueueDeleter::operator()(CpuTenantQueue* queue) const {
   queue->scheduler_->Retire(queue);
 }
 
-void CpuTenantQueue::Submit(int stream, Task task) {
+void CpuTenantQueue::Submit(int stream, Task task, bool may_run_inline) {
   {
     absl::MutexLock lock(&scheduler_->mu_);
+    const size_t s = static_cast<size_t>(stream);
+    if (may_run_inline && !removed_ && !scheduler_->stopping_ && !stream_busy_[s] &&
+        streams_[s].empty() && scheduler_->active_ < scheduler_->threads() &&
+        !scheduler_->HasWorkLocked()) {
+      if (queued_ == 0 && running_ == 0) {
+        // The same floor as below (no credit banked while idle).
+        double floor = std::numeric_limits<double>::infinity();
+        for (CpuTenantQueue* other : scheduler_->tenants_) {
+          if (other != this && other->running_ > 0) floor = std::min(floor, other->virtual_time_);
+        }
+        if (floor != std::numeric_limits<double>::infinity()) {
+          virtual_time_ = std::max(virtual_time_, floor);
+        }
+      }
+      stream_busy_[s] = true;
+      ++running_;
+      ++scheduler_->active_;
+      scheduler_->RunTaskLocked(this, s, std::move(task));
+      return;
+    }
     if (!removed_ && !scheduler_->stopping_) {
       if (queued_ == 0 && running_ == 0) {
         // Waking from idle: start at the least virtual time among busy tenants, so time
@@ -188,7 +212,9 @@ void CpuScheduler::WorkerLoop() {
       continue;
     }
     if (!q->regions_.empty()) {
+      ++active_;
       RunChunkLocked(q);
+      --active_;
       continue;
     }
     // The tenant's next stream (round-robin) whose head may start.
@@ -207,20 +233,27 @@ void CpuScheduler::WorkerLoop() {
     --q->queued_;
     q->stream_busy_[stream] = true;
     ++q->running_;
-    bool cancelled = stopping_ || q->removed_;
-    mu_.Unlock();
-    RegionParallel parallel(this, q);
-    running_queue = q;
-    int64_t start = NowNs();
-    std::move(task)(parallel, cancelled);  // destroys the task (and what it holds) too
-    int64_t elapsed = NowNs() - start - parallel.wait_ns();
-    running_queue = nullptr;
-    mu_.Lock();
-    ChargeLocked(q, elapsed);
-    q->stream_busy_[stream] = false;
-    --q->running_;
-    ReapLocked(q);
+    ++active_;
+    RunTaskLocked(q, stream, std::move(task));
   }
+}
+
+void CpuScheduler::RunTaskLocked(CpuTenantQueue* q, size_t stream, CpuTenantQueue::Task task) {
+  const bool cancelled = stopping_ || q->removed_;
+  mu_.Unlock();
+  RegionParallel parallel(this, q);
+  CpuTenantQueue* const outer = running_queue;
+  running_queue = q;
+  const int64_t start = NowNs();
+  std::move(task)(parallel, cancelled);  // destroys the task (and what it holds) too
+  const int64_t elapsed = NowNs() - start - parallel.wait_ns();
+  running_queue = outer;
+  mu_.Lock();
+  ChargeLocked(q, elapsed);
+  q->stream_busy_[stream] = false;
+  --q->running_;
+  --active_;
+  ReapLocked(q);
 }
 
 void CpuScheduler::Retire(CpuTenantQueue* q) {

@@ -34,7 +34,14 @@ class CpuTenantQueue {
   using Task = absl::AnyInvocable<void(kernels::Parallel& parallel, bool cancelled) &&>;
 
   /// Appends `task` to `stream` (0 <= stream < streams, checked by the caller).
-  void Submit(int stream, Task task);
+  ///
+  /// With `may_run_inline` (small work), the task runs at once on the calling thread instead
+  /// when that overtakes no one: the stream is idle, no tenant has work waiting, and a worker
+  /// is free (the caller then takes that worker's place, so no more tasks run at once than
+  /// there are workers). It is charged to the tenant like any task. This saves the two thread
+  /// hand-offs (to a worker and back) that dominate a tiny job's latency. The caller must
+  /// hold no lock the task's completion takes.
+  void Submit(int stream, Task task, bool may_run_inline = false);
 
   /// CPU time charged to this tenant so far.
   absl::Duration busy_time() const;
@@ -97,6 +104,10 @@ class CpuScheduler {
   void ChargeLocked(CpuTenantQueue* q, int64_t ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Runs one chunk of `q`'s first region with chunks left (mu_ held on entry and exit).
   void RunChunkLocked(CpuTenantQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Runs `task` of `q`'s `stream` on this thread (mu_ held on entry and exit; the stream is
+  /// marked busy and a worker slot taken by the caller).
+  void RunTaskLocked(CpuTenantQueue* q, size_t stream, CpuTenantQueue::Task task)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Cancels `q`'s queued work and deletes it once nothing of it runs (see QueuePtr).
   void Retire(CpuTenantQueue* q);
   /// Deletes `q` if it was orphaned and nothing of it runs any more.
@@ -104,6 +115,7 @@ class CpuScheduler {
 
   mutable absl::Mutex mu_;
   std::list<CpuTenantQueue*> tenants_ ABSL_GUARDED_BY(mu_);
+  int active_ ABSL_GUARDED_BY(mu_) = 0;  // threads running a task or chunk (workers, inline)
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };

@@ -10,12 +10,12 @@ namespace {
 
 TEST(LoadgenTest, ClosedLoopStopsAtMaxCallsAndCountsErrors) {
   std::atomic<int> calls{0};
-  LoadResult r =
-      RunLoad({.workers = 4, .duration = absl::Seconds(30), .max_calls = 50}, [&](int worker) {
-        EXPECT_GE(worker, 0);
-        EXPECT_LT(worker, 4);
-        return calls.fetch_add(1) % 5 != 0;  // every fifth call fails
-      });
+  LoadResult r = RunLoad({.workers = 4, .duration = absl::Seconds(30), .max_calls = 50},
+                         OnThreads([&](int worker) {
+                           EXPECT_GE(worker, 0);
+                           EXPECT_LT(worker, 4);
+                           return calls.fetch_add(1) % 5 != 0;  // every fifth call fails
+                         }));
   EXPECT_EQ(calls.load(), 50);
   EXPECT_EQ(r.Ok() + r.Errors(), 50);
   EXPECT_EQ(r.Errors(), 10);
@@ -24,10 +24,10 @@ TEST(LoadgenTest, ClosedLoopStopsAtMaxCallsAndCountsErrors) {
 }
 
 TEST(LoadgenTest, ClosedLoopStopsAtTheDuration) {
-  LoadResult r = RunLoad({.workers = 2, .duration = absl::Milliseconds(100)}, [](int) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    return true;
-  });
+  LoadResult r = RunLoad({.workers = 2, .duration = absl::Milliseconds(100)}, OnThreads([](int) {
+                           std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                           return true;
+                         }));
   // Two workers of ~10 ms calls for 100 ms: about 20; never unbounded.
   EXPECT_GE(r.Ok(), 4);
   EXPECT_LE(r.Ok(), 22);
@@ -36,13 +36,52 @@ TEST(LoadgenTest, ClosedLoopStopsAtTheDuration) {
 TEST(LoadgenTest, OpenLoopIssuesTheScheduledArrivalsAndCountsQueueing) {
   // 200/s for 100 ms: arrivals at 0, 5, …, 95 ms = 20, served by one worker taking 8 ms
   // each, so later requests wait for the worker and their latency grows past 8 ms.
-  LoadResult r = RunLoad({.workers = 1, .duration = absl::Milliseconds(100), .rate = 200}, [](int) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(8));
-    return true;
-  });
+  LoadResult r =
+      RunLoad({.workers = 1, .duration = absl::Milliseconds(100), .rate = 200}, OnThreads([](int) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(8));
+                return true;
+              }));
   EXPECT_EQ(r.Ok(), 20);
   std::vector<double> latency = r.latency[0];
   EXPECT_GT(latency.back(), latency.front() + 0.02);  // queueing counted, not omitted
+}
+
+TEST(LoadgenTest, ManyCallsInFlightFromOneIssuer) {
+  // 32 slots of 20 ms calls for 100 ms: all 32 in flight at once, never more.
+  std::atomic<int> in_flight{0};
+  std::atomic<int> most{0};
+  LoadResult r = RunLoad({.workers = 32, .duration = absl::Milliseconds(100)}, OnThreads([&](int) {
+                           const int now = ++in_flight;
+                           int seen = most.load();
+                           while (now > seen && !most.compare_exchange_weak(seen, now)) {
+                           }
+                           std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                           --in_flight;
+                           return true;
+                         }));
+  EXPECT_LE(most.load(), 32);
+  EXPECT_GE(most.load(), 16);
+  EXPECT_GE(r.Ok(), 32 * 3);
+}
+
+TEST(LoadgenTest, ACallThatEndsAtOnceDoesNotGrowTheStack) {
+  // Every call ends inside call(): 100000 of them on one slot.
+  int64_t calls = 0;
+  LoadResult r = RunLoad({.workers = 1, .duration = absl::Seconds(30), .max_calls = 100000},
+                         [&](int, Done done) {
+                           ++calls;
+                           done(true);
+                         });
+  EXPECT_EQ(r.Ok(), 100000);
+}
+
+TEST(LoadgenTest, TimeOneCallWaitsAndReportsFailure) {
+  EXPECT_GE(TimeOneCall(OnThreads([](int) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(5));
+              return true;
+            })),
+            0.004);
+  EXPECT_LT(TimeOneCall(OnThreads([](int) { return false; })), 0);
 }
 
 TEST(LoadgenTest, PercentileAndJainIndex) {

@@ -5,14 +5,17 @@
 namespace tessera {
 namespace {
 
-TEST(ByteSizeTest, ParsesPlainAndBinaryUnits) {
+TEST(ByteSizeTest, ParsesPlainBinaryAndDecimalUnitsAsKubernetes) {
   EXPECT_EQ(*ParseByteSize("0"), 0u);
   EXPECT_EQ(*ParseByteSize("1048576"), 1048576u);
   EXPECT_EQ(*ParseByteSize("512B"), 512u);
-  EXPECT_EQ(*ParseByteSize("4K"), 4096u);
+  EXPECT_EQ(*ParseByteSize("4K"), 4000u);
+  EXPECT_EQ(*ParseByteSize("4Ki"), 4096u);
   EXPECT_EQ(*ParseByteSize("4KiB"), 4096u);
   EXPECT_EQ(*ParseByteSize("512MiB"), uint64_t{512} << 20);
-  EXPECT_EQ(*ParseByteSize("2G"), uint64_t{2} << 30);
+  EXPECT_EQ(*ParseByteSize("2G"), 2'000'000'000u);
+  EXPECT_EQ(*ParseByteSize("2GB"), 2'000'000'000u);
+  EXPECT_EQ(*ParseByteSize("2Gi"), uint64_t{2} << 30);
   EXPECT_EQ(*ParseByteSize("1.5GiB"), uint64_t{3} << 29);
   EXPECT_EQ(*ParseByteSize(" 8 gib "), uint64_t{8} << 30);
   EXPECT_EQ(*ParseByteSize("1PiB"), uint64_t{1} << 50);
@@ -31,7 +34,8 @@ TEST(ByteSizeTest, WorksAsAFlagType) {
   EXPECT_TRUE(AbslParseFlag("2GiB", &size, &error));
   EXPECT_EQ(size.bytes, uint64_t{2} << 30);
   EXPECT_FALSE(AbslParseFlag("lots", &size, &error));
-  EXPECT_NE(error.find("not a byte size"), std::string::npos);
+  EXPECT_NE(error.find("not a size"), std::string::npos);
+  EXPECT_NE(error.find("Gi"), std::string::npos);
   EXPECT_EQ(AbslUnparseFlag(ByteSize{4096}), "4096");
 }
 

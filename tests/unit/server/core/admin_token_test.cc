@@ -1,6 +1,10 @@
 #include "server/core/admin_token.h"
 
+#include <atomic>
+#include <filesystem>
 #include <fstream>
+#include <thread>
+#include <vector>
 
 #include <sys/stat.h>
 
@@ -70,6 +74,47 @@ TEST(AdminTokenTest, WarnsAboutAReadableFile) {
   ASSERT_TRUE(credential.ok());
   EXPECT_EQ(credential->hash, HashCredential("an-operator-chosen-token"));
   EXPECT_THAT(credential->warning, HasSubstr("chmod 600"));
+}
+
+TEST(AdminTokenTest, ConcurrentStartsAgreeOnOneTokenAndLeaveNoTemporaryFile) {
+  testing::TempDir dir;
+  const std::string path = dir.File("admin.token");
+  constexpr int kThreads = 8;
+  std::vector<absl::StatusOr<AdminCredential>> results(kThreads, absl::UnknownError("not run"));
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      while (!go.load()) std::this_thread::yield();
+      results[i] = LoadOrCreateAdminToken(path, "");
+    });
+  }
+  go = true;
+  for (std::thread& t : threads) t.join();
+  const std::string token = ReadLine(path);
+  int created = 0;
+  for (const auto& result : results) {
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->hash, HashCredential(token));
+    created += result->created ? 1 : 0;
+  }
+  EXPECT_EQ(created, 1);
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    names.push_back(entry.path().filename().string());
+  }
+  EXPECT_THAT(names, ::testing::ElementsAre("admin.token"));
+}
+
+TEST(AdminTokenTest, ATemporaryFileLeftByACrashIsNotTheToken) {
+  testing::TempDir dir;
+  const std::string path = dir.File("admin.token");
+  // What a crash between creating and linking the temporary file leaves behind.
+  std::ofstream(path + ".tmp.1") << "partial";
+  auto credential = LoadOrCreateAdminToken(path, "");
+  ASSERT_TRUE(credential.ok()) << credential.status();
+  EXPECT_TRUE(credential->created);
+  EXPECT_EQ(credential->hash, HashCredential(ReadLine(path)));
 }
 
 TEST(AdminTokenTest, UncreatableFileIsAClearError) {

@@ -63,6 +63,19 @@ TEST_F(TenantTableTest, RegisterCreatesContextAndReturnsAWorkingKey) {
   EXPECT_EQ(registered->tenant.record.key_hash, HashCredential(registered->api_key));
 }
 
+TEST_F(TenantTableTest, AStoredQuotaOutOfBoundsStopsTheRestoreNamingTheTenant) {
+  ASSERT_TRUE(table_->Register(Spec("alpha")).ok());
+  TenantRecord record = table_->Get("alpha")->record;
+  record.quota.max_streams = uint32_t{1} << 31;  // what a damaged or hand-edited file can hold
+  ASSERT_TRUE(store_->Update(record).ok());
+  table_.reset();
+  auto table = TenantTable::Create({}, store_.get(), backend_.get());
+  ASSERT_FALSE(table.ok());
+  EXPECT_EQ(table.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(table.status().message(), HasSubstr("\"alpha\""));
+  EXPECT_THAT(table.status().message(), HasSubstr("max_streams"));
+}
+
 TEST_F(TenantTableTest, DuplicateIdIsAlreadyExists) {
   ASSERT_TRUE(table_->Register(Spec("alpha")).ok());
   absl::Status dup = table_->Register(Spec("alpha")).status();

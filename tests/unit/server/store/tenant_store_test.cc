@@ -136,17 +136,51 @@ TEST(TenantStoreTest, AVersionOneFileIsMigrated) {
     auto store = *TenantStore::Open(path);
     ASSERT_TRUE(store->Insert(Record("alpha")).ok());
   }
-  // As a version-1 server left it: no kernel table.
+  // As a version-1 server left it: no kernel table, no request quota columns.
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "DROP TABLE tenant_kernels; PRAGMA user_version = 1", nullptr, nullptr,
-                         nullptr),
+  ASSERT_EQ(sqlite3_exec(db,
+                         "DROP TABLE tenant_kernels; "
+                         "ALTER TABLE tenants DROP COLUMN max_requests_in_flight; "
+                         "ALTER TABLE tenants DROP COLUMN requests_per_second; "
+                         "PRAGMA user_version = 1",
+                         nullptr, nullptr, nullptr),
             SQLITE_OK);
   sqlite3_close(db);
   auto store = TenantStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_THAT(*(*store)->LoadAll(), ElementsAre(Record("alpha")));
   EXPECT_TRUE((*store)->InsertKernel({"alpha", "k", "src", absl::Now()}).ok());
+}
+
+TEST(TenantStoreTest, AVersionTwoFileGainsTheRequestQuotaColumns) {
+  testing::TempDir dir;
+  std::string path = dir.File("t.db");
+  TenantRecord alpha = Record("alpha");
+  alpha.quota.max_requests_in_flight = 8;
+  alpha.quota.requests_per_second = 500;
+  {
+    auto store = *TenantStore::Open(path);
+    ASSERT_TRUE(store->Insert(alpha).ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "ALTER TABLE tenants DROP COLUMN max_requests_in_flight; "
+                         "ALTER TABLE tenants DROP COLUMN requests_per_second; "
+                         "PRAGMA user_version = 2",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = TenantStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<TenantRecord> loaded = *(*store)->LoadAll();
+  ASSERT_EQ(loaded.size(), 1u);
+  // Not set: the tenant table fills in the defaults when it restores the tenant.
+  EXPECT_EQ(loaded[0].quota.max_requests_in_flight, 0u);
+  EXPECT_EQ(loaded[0].quota.requests_per_second, 0u);
+  ASSERT_TRUE((*store)->Update(alpha).ok());
+  EXPECT_THAT(*(*store)->LoadAll(), ElementsAre(alpha));
 }
 
 TEST(TenantStoreTest, UsesWalAndFullSync) {
