@@ -1,6 +1,7 @@
 // matmul through OpenBLAS (single-threaded calls; the scheduler spreads row blocks and
 // batches over workers). f16/bf16 are widened to f32, multiplied, and rounded once.
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include <cblas.h>
@@ -12,8 +13,15 @@ namespace tessera::kernels::cpu {
 namespace {
 
 // The largest dimension up to which a product alone on the machine is one multi-threaded
-// OpenBLAS call rather than row blocks (the crossover measured in scenario 3).
-constexpr int64_t kThreadedBlasMaxDim = 1024;
+// OpenBLAS call rather than row blocks (the crossover measured in scenario 3);
+// $TESSERA_THREADED_BLAS_MAX_DIM overrides it (0: never), for measuring both ways.
+int64_t ThreadedBlasMaxDim() {
+  static const int64_t max_dim = [] {
+    const char* text = std::getenv("TESSERA_THREADED_BLAS_MAX_DIM");
+    return text != nullptr ? std::strtoll(text, nullptr, 10) : int64_t{1024};
+  }();
+  return max_dim;
+}
 
 template <typename T>
 void Gemm(const MatmulGeometry& g, const T* a, const T* b, T* c, int64_t rows, T alpha, T beta) {
@@ -46,7 +54,7 @@ void MatmulTyped(const MatmulGeometry& g, const T* a, const T* b, T* y, double a
   // whose threads share packed panels, beats row blocks on separate workers (measured:
   // docs/benchmarks.md, scenario 3). OpenBLAS's thread count is process-wide, so it is raised
   // only for this call, which no other work overlaps (AloneConcurrency).
-  if (batches == 1 && std::max({g.m, g.n, g.k}) <= kThreadedBlasMaxDim) {
+  if (batches == 1 && std::max({g.m, g.n, g.k}) <= ThreadedBlasMaxDim()) {
     if (const int alone = parallel.AloneConcurrency(); alone > 1) {
       openblas_set_num_threads(alone);
       Gemm<T>(g, a + g.a_offset[0], b + g.b_offset[0], y, g.m, alpha, beta);

@@ -492,10 +492,13 @@ TEST_F(CliTest, JsonOutputIsMachineReadable) {
 
 TEST_F(CliTest, TenantLifecycle) {
   auto registered = Cli({"tenant", "register", "alpha", "--memory=2Gi", "--compute_share=30",
-                         "--display_name=Alpha team", "--labels=team=ml,env=dev"});
+                         "--display_name=Alpha team", "--labels=team=ml,env=dev",
+                         "--max_requests_in_flight=8"});
   ASSERT_EQ(registered.exit_code, kOk) << registered.output;
   EXPECT_THAT(registered.output, HasSubstr("api key:         tsk_alpha."));
   EXPECT_THAT(registered.output, HasSubstr("compute share:   30%"));
+  // The request quotas: 8 given, the rate derived from the 30 % share.
+  EXPECT_THAT(registered.output, HasSubstr("requests:        8 in flight, 30000 per second"));
   const std::string kind = v1::ContextKind_Name(ExpectedContextKind(30));
   EXPECT_THAT(registered.output, HasSubstr(absl::StrCat("context:         ",
                                                         absl::StripPrefix(kind, "CONTEXT_KIND_"))));

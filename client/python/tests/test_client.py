@@ -195,6 +195,21 @@ def test_errors_map_codes(server, client: tessera.Client) -> None:
     assert issubclass(tessera.QuotaExceeded, tessera.TesseraError)
 
 
+def test_request_quotas_and_the_retry_hint(server, admin: tessera.Admin) -> None:
+    tenant, key = admin.register("rate-1", memory_bytes=1 << 20, max_requests_in_flight=1,
+                                 requests_per_second=5)
+    assert tenant.quota.max_requests_in_flight == 1 and tenant.quota.requests_per_second == 5
+    with tessera.Client(server.addr, token=key) as c:
+        c.usage()  # the bucket's one call
+        with pytest.raises(tessera.QuotaExceeded) as e:
+            c.usage()
+        assert "quota.requests_per_second" in e.value.message
+        assert e.value.retry_after is not None and 0 < e.value.retry_after <= 0.2
+        time.sleep(e.value.retry_after + 0.02)
+        c.usage()
+    admin.deregister("rate-1")
+
+
 def test_job_failed_carries_step_and_message(client: tessera.Client) -> None:
     # The CPU backend has no kernel that fails at run time on demand; check the mapping
     # of a FAILED job as the server reports it.

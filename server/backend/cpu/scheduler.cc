@@ -88,39 +88,31 @@ void CpuTenantQueue::Submit(int stream, Task task, bool may_run_inline) {
     absl::MutexLock lock(&scheduler_->mu_);
     const size_t s = static_cast<size_t>(stream);
     if (may_run_inline && !removed_ && !scheduler_->stopping_ && !stream_busy_[s] &&
-        streams_[s].empty() && scheduler_->active_ < scheduler_->threads() &&
-        !scheduler_->HasWorkLocked()) {
-      if (queued_ == 0 && running_ == 0) {
-        // The same floor as below (no credit banked while idle).
-        double floor = std::numeric_limits<double>::infinity();
-        for (CpuTenantQueue* other : scheduler_->tenants_) {
-          if (other != this && other->running_ > 0) floor = std::min(floor, other->virtual_time_);
-        }
-        if (floor != std::numeric_limits<double>::infinity()) {
-          virtual_time_ = std::max(virtual_time_, floor);
+        streams_[s].empty() && scheduler_->inline_ < scheduler_->threads()) {
+      if (queued_ == 0 && running_ == 0) WakeLocked();
+      // Fair order says this task runs next when no runnable tenant has less charged time;
+      // it then starts now on this thread rather than after a worker's current piece of work.
+      bool next = true;
+      for (const CpuTenantQueue* other : scheduler_->tenants_) {
+        if (other != this && other->RunnableLocked() && other->virtual_time_ < virtual_time_) {
+          next = false;
+          break;
         }
       }
-      stream_busy_[s] = true;
-      ++running_;
-      ++scheduler_->active_;
-      scheduler_->RunTaskLocked(this, s, std::move(task));
-      return;
+      if (next) {
+        CpuScheduler* const scheduler = scheduler_;  // `this` may be gone after the task
+        stream_busy_[s] = true;
+        ++running_;
+        ++scheduler->active_;
+        ++scheduler->inline_;
+        scheduler->RunTaskLocked(this, s, std::move(task));
+        --scheduler->inline_;
+        return;
+      }
     }
     if (!removed_ && !scheduler_->stopping_) {
-      if (queued_ == 0 && running_ == 0) {
-        // Waking from idle: start at the least virtual time among busy tenants, so time
-        // spent idle is not banked as credit.
-        double floor = std::numeric_limits<double>::infinity();
-        for (CpuTenantQueue* other : scheduler_->tenants_) {
-          if (other != this && (other->queued_ > 0 || other->running_ > 0)) {
-            floor = std::min(floor, other->virtual_time_);
-          }
-        }
-        if (floor != std::numeric_limits<double>::infinity()) {
-          virtual_time_ = std::max(virtual_time_, floor);
-        }
-      }
-      streams_[static_cast<size_t>(stream)].push_back(std::move(task));
+      if (queued_ == 0 && running_ == 0) WakeLocked();
+      streams_[s].push_back(std::move(task));
       ++queued_;
       return;
     }
@@ -128,6 +120,28 @@ void CpuTenantQueue::Submit(int stream, Task task, bool may_run_inline) {
   // Removed or stopping: nothing will run it, so it is cancelled here.
   kernels::SerialParallel serial;
   std::move(task)(serial, /*cancelled=*/true);
+}
+
+void CpuTenantQueue::WakeLocked() {
+  // Waking from idle: start at the least virtual time among busy tenants, so time spent
+  // idle is not banked as credit.
+  double floor = std::numeric_limits<double>::infinity();
+  for (CpuTenantQueue* other : scheduler_->tenants_) {
+    if (other != this && (other->queued_ > 0 || other->running_ > 0)) {
+      floor = std::min(floor, other->virtual_time_);
+    }
+  }
+  if (floor != std::numeric_limits<double>::infinity()) {
+    virtual_time_ = std::max(virtual_time_, floor);
+  }
+}
+
+bool CpuTenantQueue::RunnableLocked() const {
+  if (!regions_.empty()) return true;
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    if (!stream_busy_[i] && !streams_[i].empty()) return true;
+  }
+  return false;
 }
 
 absl::Duration CpuTenantQueue::busy_time() const {
@@ -161,11 +175,9 @@ void CpuScheduler::Stop() {
 CpuTenantQueue* CpuScheduler::PickLocked() const {
   CpuTenantQueue* best = nullptr;
   for (CpuTenantQueue* q : tenants_) {
-    bool runnable = !q->regions_.empty();
-    for (size_t i = 0; !runnable && i < q->streams_.size(); ++i) {
-      runnable = !q->stream_busy_[i] && !q->streams_[i].empty();
+    if (q->RunnableLocked() && (best == nullptr || q->virtual_time_ < best->virtual_time_)) {
+      best = q;
     }
-    if (runnable && (best == nullptr || q->virtual_time_ < best->virtual_time_)) best = q;
   }
   return best;
 }

@@ -35,12 +35,13 @@ class CpuTenantQueue {
 
   /// Appends `task` to `stream` (0 <= stream < streams, checked by the caller).
   ///
-  /// With `may_run_inline` (small work), the task runs at once on the calling thread instead
-  /// when that overtakes no one: the stream is idle, no tenant has work waiting, and a worker
-  /// is free (the caller then takes that worker's place, so no more tasks run at once than
-  /// there are workers). It is charged to the tenant like any task. This saves the two thread
-  /// hand-offs (to a worker and back) that dominate a tiny job's latency. The caller must
-  /// hold no lock the task's completion takes.
+  /// With `may_run_inline` (small work: microseconds), the task runs at once on the calling
+  /// thread instead when that overtakes no one: its stream is idle and fair order would run
+  /// it next anyway (no runnable tenant has less charged time). It is charged to the tenant
+  /// like any task. This saves the thread hand-offs (to a worker and back) that dominate a
+  /// tiny job's latency, and a quiet tenant's tiny job no longer waits for a worker to finish
+  /// a busy tenant's piece of work (at most `threads` such tasks run beside the workers).
+  /// The caller must hold no lock the task's completion takes.
   void Submit(int stream, Task task, bool may_run_inline = false);
 
   /// CPU time charged to this tenant so far.
@@ -50,6 +51,10 @@ class CpuTenantQueue {
   friend class CpuScheduler;
   struct Region;
   CpuTenantQueue(CpuScheduler* scheduler, uint32_t weight, int streams);
+  /// Leaving idle: no credit for the time idle (scheduler's mu_ held).
+  void WakeLocked();
+  /// Has a task that may start or a chunk to claim (scheduler's mu_ held).
+  bool RunnableLocked() const;
 
   CpuScheduler* const scheduler_;
   const uint32_t weight_;
@@ -116,6 +121,7 @@ class CpuScheduler {
   mutable absl::Mutex mu_;
   std::list<CpuTenantQueue*> tenants_ ABSL_GUARDED_BY(mu_);
   int active_ ABSL_GUARDED_BY(mu_) = 0;  // threads running a task or chunk (workers, inline)
+  int inline_ ABSL_GUARDED_BY(mu_) = 0;  // of which callers of Submit running their task
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };

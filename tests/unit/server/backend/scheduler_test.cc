@@ -40,6 +40,70 @@ TEST(CpuSchedulerTest, OneStreamRunsInOrderOneAtATime) {
   EXPECT_FALSE(overlap);
 }
 
+TEST(CpuSchedulerTest, SmallWorkOnAnIdleStreamRunsOnTheCallersThread) {
+  CpuScheduler scheduler(2);
+  auto queue = scheduler.AddTenant(100, 1);
+  std::thread::id ran_on;
+  queue->Submit(
+      0,
+      [&](kernels::Parallel&, bool cancelled) {
+        EXPECT_FALSE(cancelled);
+        ran_on = std::this_thread::get_id();
+      },
+      /*may_run_inline=*/true);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());        // ran before Submit returned
+  EXPECT_GT(queue->busy_time(), absl::ZeroDuration());  // and was charged
+}
+
+TEST(CpuSchedulerTest, SmallWorkKeepsItsStreamsOrder) {
+  // A task runs on the stream: the next one, even if small, waits for it (on a worker).
+  absl::Notification release;
+  absl::Notification first_started;
+  absl::Notification second_ran;
+  std::thread::id second_on;
+  CpuScheduler scheduler(2);
+  auto queue = scheduler.AddTenant(100, 1);
+  queue->Submit(0, [&](kernels::Parallel&, bool) {
+    first_started.Notify();
+    release.WaitForNotificationWithTimeout(absl::Seconds(20));
+  });
+  ASSERT_TRUE(first_started.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  queue->Submit(
+      0,
+      [&](kernels::Parallel&, bool) {
+        second_on = std::this_thread::get_id();
+        second_ran.Notify();
+      },
+      /*may_run_inline=*/true);
+  EXPECT_FALSE(second_ran.HasBeenNotified());
+  release.Notify();
+  ASSERT_TRUE(second_ran.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_NE(second_on, std::this_thread::get_id());
+}
+
+TEST(CpuSchedulerTest, AQuietTenantsSmallTaskDoesNotWaitBehindABusyTenant) {
+  // Both workers are held by a busy tenant with more work queued: the quiet tenant, next in
+  // fair order, runs its small task at once on the caller's thread.
+  absl::Notification release;
+  std::atomic<int> started{0};
+  absl::Notification both_started;
+  CpuScheduler scheduler(2);
+  auto busy = scheduler.AddTenant(100, 4);
+  auto quiet = scheduler.AddTenant(100, 1);
+  for (int i = 0; i < 4; ++i) {
+    busy->Submit(i, [&](kernels::Parallel&, bool) {
+      if (started.fetch_add(1) == 1) both_started.Notify();
+      release.WaitForNotificationWithTimeout(absl::Seconds(20));
+    });
+  }
+  ASSERT_TRUE(both_started.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  bool ran = false;
+  quiet->Submit(
+      0, [&](kernels::Parallel&, bool) { ran = true; }, /*may_run_inline=*/true);
+  EXPECT_TRUE(ran);
+  release.Notify();
+}
+
 TEST(CpuSchedulerTest, StreamsAndTenantsRunConcurrently) {
   // Two tasks that each wait for the other: they finish only if they run at once. What they
   // share is declared before the scheduler, which joins its workers: a task can still be
