@@ -92,6 +92,9 @@ ABSL_FLAG(tessera::ByteSize, cpu_memory_bytes, tessera::ByteSize{0},
 ABSL_FLAG(uint32_t, cpu_threads, 0,
           "CPU backend worker threads (0: one per CPU this process may use: the affinity mask, "
           "or the cgroup CPU quota when lower)");
+ABSL_FLAG(int32_t, cpu_worker_nice, 10,
+          "Nice value of the CPU backend's worker threads, 0..19: above 0, request handling "
+          "preempts running kernels, so a quiet tenant's call is not delayed by busy ones");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::ZeroDuration(),
           "On SIGTERM: time health reports NOT_SERVING before the port closes");
 #ifdef NDEBUG
@@ -207,8 +210,8 @@ const std::vector<FlagTopic>& FlagTopics() {
         "shutdown_grace", "drain_timeout"}},
       {"TLS", {"tls_cert", "tls_key", "tls_client_ca"}},
       {"Backend and admission",
-       {"backend", "cpu_memory_bytes", "cpu_threads", "memory_overcommit", "device_in_flight",
-        "max_kernels_per_tenant"}},
+       {"backend", "cpu_memory_bytes", "cpu_threads", "cpu_worker_nice", "memory_overcommit",
+        "device_in_flight", "max_kernels_per_tenant"}},
       {"MPS", {"mps", "mps_manage", "mps_base_dir", "mps_control", "mps_timeout"}},
       {"Metrics",
        {"metrics_listen", "metrics_token_file", "metrics_tls_cert", "metrics_tls_key",
@@ -388,6 +391,11 @@ int main(int argc, char** argv) {
                                            .timeout = absl::GetFlag(FLAGS_mps_timeout)};
   options.backend.cpu_memory_bytes = absl::GetFlag(FLAGS_cpu_memory_bytes).bytes;
   options.backend.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.backend.cpu_worker_nice = absl::GetFlag(FLAGS_cpu_worker_nice);
+  if (options.backend.cpu_worker_nice < 0 || options.backend.cpu_worker_nice > 19) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--cpu_worker_nice is ", options.backend.cpu_worker_nice, "; the range is 0..19")));
+  }
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);

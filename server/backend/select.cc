@@ -134,8 +134,11 @@ absl::StatusOr<BackendChoice> SelectBackend(const BackendOptions& options) {
                options.cpu_memory_bytes != 0 ? "--cpu_memory_bytes"
                                              : absl::StrCat("half of ", host.memory_source));
   BackendChoice choice;
-  choice.backend = std::make_unique<CpuBackend>(
-      CpuBackend::Options{.memory_bytes = memory, .worker_threads = threads, .reason = reason});
+  choice.backend =
+      std::make_unique<CpuBackend>(CpuBackend::Options{.memory_bytes = memory,
+                                                       .worker_threads = threads,
+                                                       .worker_nice = options.cpu_worker_nice,
+                                                       .reason = reason});
   choice.reason = std::move(reason);
   return choice;
 }

@@ -22,6 +22,8 @@ struct BackendOptions {
   /// CPU worker threads; 0: one per CPU this process may use (the affinity mask, or the
   /// control group's CPU quota when lower).
   uint32_t cpu_threads = 0;
+  /// Nice value of the CPU backend's workers (0..19; see CpuScheduler).
+  int cpu_worker_nice = 10;
   /// CUDA backend: on-disk cache of tenant-defined kernels' compiled images (empty: none).
   std::string kernel_cache_dir;
 };

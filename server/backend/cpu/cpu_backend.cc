@@ -204,7 +204,7 @@ CpuBackend::CpuBackend(Options options)
                           .memory_bytes = options_.memory_bytes,
                           .context_limit = 0,
                           .compute_units = options_.worker_threads}},
-      scheduler_(static_cast<int>(options_.worker_threads)) {
+      scheduler_(static_cast<int>(options_.worker_threads), options_.worker_nice) {
   kernels::InitCpuKernels();
 }
 

@@ -21,6 +21,8 @@ class CpuBackend final : public Backend {
     uint64_t memory_bytes = 0;
     /// Worker threads (> 0).
     uint32_t worker_threads = 1;
+    /// The workers' nice value, 0..19 (CpuScheduler).
+    int worker_nice = 0;
     /// Why the CPU backend serves, e.g. "--backend=cpu"; reported in each context.
     std::string reason;
   };

@@ -1,8 +1,12 @@
 #include "server/backend/cpu/scheduler.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <limits>
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 namespace tessera {
 namespace {
@@ -14,6 +18,16 @@ int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// Lowers the calling thread's priority by `nice` steps (Linux: per thread), at most to 19.
+void LowerThisThreadsPriority(int nice) {
+  if (nice <= 0) return;
+  const id_t self = static_cast<id_t>(gettid());
+  errno = 0;
+  const int current = getpriority(PRIO_PROCESS, self);
+  if (errno != 0) return;
+  (void)setpriority(PRIO_PROCESS, self, std::min(current + nice, 19));
 }
 
 }  // namespace
@@ -149,8 +163,13 @@ absl::Duration CpuTenantQueue::busy_time() const {
   return absl::Nanoseconds(busy_ns_);
 }
 
-CpuScheduler::CpuScheduler(int threads) {
-  for (int i = 0; i < std::max(1, threads); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+CpuScheduler::CpuScheduler(int threads, int nice) {
+  for (int i = 0; i < std::max(1, threads); ++i) {
+    workers_.emplace_back([this, nice] {
+      LowerThisThreadsPriority(nice);
+      WorkerLoop();
+    });
+  }
 }
 
 CpuScheduler::~CpuScheduler() { Stop(); }

@@ -80,7 +80,13 @@ class CpuTenantQueue {
 /// Thread-safe.
 class CpuScheduler {
  public:
-  explicit CpuScheduler(int threads);
+  /// `threads` workers at nice value `nice` (0..19, relative to the process; 0 leaves them as
+  /// they are). Workers run kernels for as long as there is work, while the threads that
+  /// receive, authenticate and answer requests run in short bursts: at the same priority a
+  /// request arriving while the workers fill every core waits for a kernel's time slice
+  /// before it is even read. A positive nice value lets request handling preempt the
+  /// workers, which still get every cycle nobody else wants.
+  explicit CpuScheduler(int threads, int nice = 0);
   /// Stops (see Stop) and joins the workers.
   ~CpuScheduler();
 

@@ -6,6 +6,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
@@ -38,6 +41,22 @@ TEST(CpuSchedulerTest, OneStreamRunsInOrderOneAtATime) {
   ASSERT_EQ(order.size(), 200u);
   for (int i = 0; i < 200; ++i) EXPECT_EQ(order[i], i);
   EXPECT_FALSE(overlap);
+}
+
+TEST(CpuSchedulerTest, WorkersRunAtTheNiceValueAskedFor) {
+  const int base = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+  CpuScheduler scheduler(1, /*nice=*/10);
+  auto queue = scheduler.AddTenant(100, 1);
+  std::atomic<int> seen{-100};
+  absl::Notification ran;
+  queue->Submit(0, [&](kernels::Parallel&, bool) {
+    seen = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+    ran.Notify();
+  });
+  ASSERT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(seen.load(), std::min(base + 10, 19));
+  // The caller's own priority is untouched.
+  EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(gettid())), base);
 }
 
 TEST(CpuSchedulerTest, SmallWorkOnAnIdleStreamRunsOnTheCallersThread) {
