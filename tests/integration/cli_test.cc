@@ -491,9 +491,9 @@ TEST_F(CliTest, JsonOutputIsMachineReadable) {
 // ---- whole workflows ---------------------------------------------------------------------------
 
 TEST_F(CliTest, TenantLifecycle) {
-  auto registered = Cli({"tenant", "register", "alpha", "--memory=2Gi", "--compute_share=30",
-                         "--display_name=Alpha team", "--labels=team=ml,env=dev",
-                         "--max_requests_in_flight=8"});
+  auto registered =
+      Cli({"tenant", "register", "alpha", "--memory=2Gi", "--compute_share=30",
+           "--display_name=Alpha team", "--labels=team=ml,env=dev", "--max_requests_in_flight=8"});
   ASSERT_EQ(registered.exit_code, kOk) << registered.output;
   EXPECT_THAT(registered.output, HasSubstr("api key:         tsk_alpha."));
   EXPECT_THAT(registered.output, HasSubstr("compute share:   30%"));
