@@ -149,7 +149,7 @@ void AddRegister(CommandTree& tree, CLI::App* group) {
       ->type_name("N")
       ->check(Quiet(CLI::Range(1, 4096)));
   cmd->add_option("--requests_per_second", f->requests_per_second,
-                  "Call rate limit, 1..1000000 (default 1000 per percent of compute share)")
+                  "Call rate limit, 1..1000000 (default 10000 per percent of compute share)")
       ->type_name("N")
       ->check(Quiet(CLI::Range(1, 1000000)));
   cmd->add_option("--priority", f->priority, "Stream priority: normal (default) or low")

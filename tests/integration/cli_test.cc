@@ -498,7 +498,7 @@ TEST_F(CliTest, TenantLifecycle) {
   EXPECT_THAT(registered.output, HasSubstr("api key:         tsk_alpha."));
   EXPECT_THAT(registered.output, HasSubstr("compute share:   30%"));
   // The request quotas: 8 given, the rate derived from the 30 % share.
-  EXPECT_THAT(registered.output, HasSubstr("requests:        8 in flight, 30000 per second"));
+  EXPECT_THAT(registered.output, HasSubstr("requests:        8 in flight, 300000 per second"));
   const std::string kind = v1::ContextKind_Name(ExpectedContextKind(30));
   EXPECT_THAT(registered.output, HasSubstr(absl::StrCat("context:         ",
                                                         absl::StripPrefix(kind, "CONTEXT_KIND_"))));

@@ -74,9 +74,9 @@ TEST_F(IsolationTest, RequestQuotasHaveDefaultsDerivedFromTheShare) {
   auto fifth = admin_->GetTenant("small");
   ASSERT_TRUE(plain.ok() && fifth.ok());
   EXPECT_EQ(plain->quota().max_requests_in_flight(), 64u);
-  EXPECT_EQ(plain->quota().requests_per_second(), 100000u);
+  EXPECT_EQ(plain->quota().requests_per_second(), 1000000u);
   EXPECT_EQ(fifth->quota().max_requests_in_flight(), 64u);
-  EXPECT_EQ(fifth->quota().requests_per_second(), 5000u);
+  EXPECT_EQ(fifth->quota().requests_per_second(), 50000u);
 }
 
 TEST_F(IsolationTest, OutOfRangeRequestQuotasNameTheFieldAndTheRange) {

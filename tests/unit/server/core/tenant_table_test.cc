@@ -80,16 +80,16 @@ TEST_F(TenantTableTest, TenantsStoredBeforeTheRequestQuotasGetTheirDefaults) {
   ASSERT_TRUE(table_->Register(Spec("alpha")).ok());
   TenantRecord record = table_->Get("alpha")->record;
   EXPECT_EQ(record.quota.max_requests_in_flight, 64u);
-  EXPECT_EQ(record.quota.requests_per_second, 100000u);
+  EXPECT_EQ(record.quota.requests_per_second, 1000000u);
   // As a schema-2 file migrates: the new columns read 0.
   record.quota.max_requests_in_flight = 0;
   record.quota.requests_per_second = 0;
   ASSERT_TRUE(store_->Update(record).ok());
   Open();
   EXPECT_EQ(table_->Get("alpha")->record.quota.max_requests_in_flight, 64u);
-  EXPECT_EQ(table_->Get("alpha")->record.quota.requests_per_second, 100000u);
+  EXPECT_EQ(table_->Get("alpha")->record.quota.requests_per_second, 1000000u);
   // ... and the defaults are stored, so the next start reads them back as they are.
-  EXPECT_EQ((*store_->LoadAll())[0].quota.requests_per_second, 100000u);
+  EXPECT_EQ((*store_->LoadAll())[0].quota.requests_per_second, 1000000u);
 }
 
 TEST_F(TenantTableTest, DuplicateIdIsAlreadyExists) {
