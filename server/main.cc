@@ -92,9 +92,10 @@ ABSL_FLAG(tessera::ByteSize, cpu_memory_bytes, tessera::ByteSize{0},
 ABSL_FLAG(uint32_t, cpu_threads, 0,
           "CPU backend worker threads (0: one per CPU this process may use: the affinity mask, "
           "or the cgroup CPU quota when lower)");
-ABSL_FLAG(int32_t, cpu_worker_nice, 10,
+ABSL_FLAG(int32_t, cpu_worker_nice, 0,
           "Nice value of the CPU backend's worker threads, 0..19: above 0, request handling "
-          "preempts running kernels, so a quiet tenant's call is not delayed by busy ones");
+          "preempts running kernels (a quiet tenant's call waits less beside busy ones), but "
+          "any other process on the host then takes CPU from the kernels first");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::ZeroDuration(),
           "On SIGTERM: time health reports NOT_SERVING before the port closes");
 #ifdef NDEBUG

@@ -13,12 +13,12 @@ namespace tessera::kernels::cpu {
 namespace {
 
 // The largest dimension up to which a product alone on the machine is one multi-threaded
-// OpenBLAS call rather than row blocks (the crossover measured in scenario 3);
+// OpenBLAS call rather than row blocks (512: the crossover measured in scenario 3);
 // $TESSERA_THREADED_BLAS_MAX_DIM overrides it (0: never), for measuring both ways.
 int64_t ThreadedBlasMaxDim() {
   static const int64_t max_dim = [] {
     const char* text = std::getenv("TESSERA_THREADED_BLAS_MAX_DIM");
-    return text != nullptr ? std::strtoll(text, nullptr, 10) : int64_t{1024};
+    return text != nullptr ? std::strtoll(text, nullptr, 10) : int64_t{512};
   }();
   return max_dim;
 }

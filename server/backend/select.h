@@ -23,7 +23,7 @@ struct BackendOptions {
   /// control group's CPU quota when lower).
   uint32_t cpu_threads = 0;
   /// Nice value of the CPU backend's workers (0..19; see CpuScheduler).
-  int cpu_worker_nice = 10;
+  int cpu_worker_nice = 0;
   /// CUDA backend: on-disk cache of tenant-defined kernels' compiled images (empty: none).
   std::string kernel_cache_dir;
 };
