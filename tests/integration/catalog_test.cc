@@ -179,8 +179,10 @@ TEST_F(CatalogTest, EveryKernelAndDTypeMatchesTheCpuBackend) {
       HostTensor g(plan->outputs[o].dtype, plan->outputs[o].shape);
       ASSERT_EQ((*want)[o].size(), w.bytes.size());
       ASSERT_EQ((*got)[o].size(), g.bytes.size());
-      std::memcpy(w.bytes.data(), (*want)[o].data(), w.bytes.size());
-      std::memcpy(g.bytes.data(), (*got)[o].data(), g.bytes.size());
+      if (!w.bytes.empty()) {  // memcpy from an empty string's null data() is undefined
+        std::memcpy(w.bytes.data(), (*want)[o].data(), w.bytes.size());
+        std::memcpy(g.bytes.data(), (*got)[o].data(), g.bytes.size());
+      }
       int mismatches = 0;
       for (int64_t i = 0; i < w.size() && mismatches < 5; ++i) {
         if (!testing::Matches(*plan, w.meta.dtype, w.Get(i), g.Get(i), max_abs)) {
