@@ -241,9 +241,14 @@ struct CUstream_st {
   }
 };
 
+struct CUkern_st;
+
 struct CUlib_st {
   const unsigned char* image = nullptr;
   size_t size = 0;
+  // The library owns its kernels, and one name is one handle, as with the real driver.
+  std::mutex mu;
+  std::map<std::string, std::unique_ptr<CUkern_st>> kernels;
 };
 
 struct CUmod_st {
@@ -1167,7 +1172,10 @@ CUresult Fake_cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char
            error.c_str());
     return CUDA_ERROR_NOT_FOUND;
   }
-  *kernel = new CUkern_st{host};
+  std::lock_guard<std::mutex> lock(library->mu);
+  std::unique_ptr<CUkern_st>& owned = library->kernels[name];
+  if (owned == nullptr) owned.reset(new CUkern_st{host});
+  *kernel = owned.get();
   return CUDA_SUCCESS;
 }
 
