@@ -29,10 +29,7 @@ RequestGate RequestGateFor(const Quota& quota) {
                                                                : kDefaultMaxRequestsInFlight;
   const double rate = quota.requests_per_second != 0
                           ? quota.requests_per_second
-                          : kDefaultRequestsPerSecondPerSharePercent *
-                                std::max<uint32_t>(1, quota.compute_share_percent != 0
-                                                          ? quota.compute_share_percent
-                                                          : kDefaultComputeSharePercent);
+                          : DefaultRequestsPerSecond(quota.compute_share_percent);
   return RequestGate(in_flight, rate, RequestGate::BurstFor(in_flight, rate));
 }
 

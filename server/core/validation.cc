@@ -131,7 +131,7 @@ absl::StatusOr<Quota> NormalizeQuota(const Quota& requested) {
   }
   // Derived from the share only once the share is known to be in range.
   if (q.requests_per_second == 0) {
-    q.requests_per_second = kDefaultRequestsPerSecondPerSharePercent * q.compute_share_percent;
+    q.requests_per_second = DefaultRequestsPerSecond(q.compute_share_percent);
   }
   if (q.requests_per_second > kMaxRequestsPerSecond) {
     return absl::InvalidArgumentError(

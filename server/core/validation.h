@@ -29,6 +29,11 @@ inline constexpr uint32_t kMaxRequestsInFlight = 4096;
 /// the default protects against floods without ever capping ordinary work. A bucket is not
 /// work-conserving: an operator who wants a hard cap sets the field.
 inline constexpr uint32_t kDefaultRequestsPerSecondPerSharePercent = 10000;
+/// The default quota.requests_per_second for a share (0: the default share).
+inline constexpr uint32_t DefaultRequestsPerSecond(uint32_t compute_share_percent) {
+  return kDefaultRequestsPerSecondPerSharePercent *
+         (compute_share_percent != 0 ? compute_share_percent : kDefaultComputeSharePercent);
+}
 inline constexpr uint32_t kMaxRequestsPerSecond = 1'000'000;
 inline constexpr size_t kMaxTenantIdLength = 63;
 inline constexpr size_t kMaxDisplayNameBytes = 256;

@@ -45,6 +45,22 @@ class IsolationTest : public testing::ServerTest {
     context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   }
 
+  // `count` uploads as `key`, started and left open: each holds one of the tenant's call
+  // slots until it ends.
+  struct OpenUploads {
+    OpenUploads(v1::Compute::Stub* stub, const std::string& key, int count)
+        : infos(static_cast<size_t>(count)) {
+      for (int i = 0; i < count; ++i) {
+        contexts.push_back(std::make_unique<grpc::ClientContext>());
+        Prepare(contexts.back().get(), key);
+        writers.push_back(stub->WriteTensor(contexts.back().get(), &infos[static_cast<size_t>(i)]));
+      }
+    }
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<v1::TensorInfo> infos;
+    std::vector<std::unique_ptr<grpc::ClientWriter<v1::WriteTensorRequest>>> writers;
+  };
+
   // GetUsage as `key`; `pushback_ms` gets the grpc-retry-pushback-ms trailer (-1 if none).
   static grpc::Status Usage(v1::Compute::Stub* stub, const std::string& key,
                             int64_t* pushback_ms = nullptr) {
@@ -99,14 +115,8 @@ TEST_F(IsolationTest, CallsBeyondTheInFlightQuotaAreRefusedWithAPushbackHint) {
   const std::string quiet = MustRegister("quiet");
   std::unique_ptr<v1::Compute::Stub> stub = Stub();
   // Two uploads left open hold both of the tenant's slots until they end.
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<std::unique_ptr<grpc::ClientWriter<v1::WriteTensorRequest>>> writers;
-  std::vector<v1::TensorInfo> infos(2);
-  for (int i = 0; i < 2; ++i) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    Prepare(contexts.back().get(), busy);
-    writers.push_back(stub->WriteTensor(contexts.back().get(), &infos[i]));
-  }
+  OpenUploads open(stub.get(), busy, 2);
+  auto& writers = open.writers;
   // The server takes the slots when it starts handling the uploads: poll (bounded) until a
   // third call is refused.
   grpc::Status refused;
@@ -155,14 +165,8 @@ TEST_F(IsolationTest, ASaturatingTenantDoesNotRefuseAQuietOne) {
   const std::string quiet = MustRegister("quiet");
   std::unique_ptr<v1::Compute::Stub> stub = Stub();
   // The noisy tenant's slots are all taken (two uploads held open) ...
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<std::unique_ptr<grpc::ClientWriter<v1::WriteTensorRequest>>> writers;
-  std::vector<v1::TensorInfo> infos(2);
-  for (int i = 0; i < 2; ++i) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    Prepare(contexts.back().get(), noisy);
-    writers.push_back(stub->WriteTensor(contexts.back().get(), &infos[i]));
-  }
+  OpenUploads open(stub.get(), noisy, 2);
+  auto& writers = open.writers;
   const absl::Time give_up = absl::Now() + absl::Seconds(10);
   while (absl::Now() < give_up && Usage(stub.get(), noisy).ok()) {
     absl::SleepFor(absl::Milliseconds(5));
