@@ -132,6 +132,11 @@ sigset_t ShutdownSignals() {
   return signals;
 }
 
+// Written to the pipe (instead of a signal number) when the backend reports a fatal error.
+constexpr char kBackendFatal = 'F';
+// The exit status then: EX_TEMPFAIL (sysexits.h), "try again later".
+constexpr int kBackendFatalExit = 75;
+
 extern "C" void OnShutdownSignal(int signal_number) {
   char byte = static_cast<char>(signal_number);
   ssize_t ignored = write(signal_pipe[1], &byte, 1);
@@ -408,6 +413,11 @@ int main(int argc, char** argv) {
   options.max_kernels_per_tenant = absl::GetFlag(FLAGS_max_kernels_per_tenant);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.on_backend_fatal = [](const absl::Status& why) {
+    spdlog::critical("{}", why.message());
+    ssize_t ignored = write(signal_pipe[1], &kBackendFatal, 1);
+    (void)ignored;
+  };
 
   absl::StatusOr<std::unique_ptr<tessera::Server>> server =
       tessera::Server::Create(std::move(options));
@@ -449,6 +459,17 @@ int main(int argc, char** argv) {
       absl::StrCat("READY=1\nSTATUS=serving on ", address, " (", (*server)->backend_reason(), ")"));
 
   int signal_number = WaitForShutdownSignal();
+  if (signal_number == kBackendFatal) {
+    // The backend can run nothing more in this process (a CUDA error the driver makes fatal
+    // to it); exiting non-zero lets systemd (Restart=on-failure) or the kubelet start a
+    // fresh process, which the tenants' durable registrations survive.
+    spdlog::critical("shutting down after a fatal backend error; exit {} for a restart",
+                     kBackendFatalExit);
+    tessera::NotifyServiceManager("STOPPING=1\nSTATUS=restarting after a fatal GPU fault");
+    (*server)->Shutdown();
+    spdlog::default_logger()->flush();
+    return kBackendFatalExit;
+  }
   spdlog::info("received {}; shutting down", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
   tessera::NotifyServiceManager("STOPPING=1\nSTATUS=shutting down");
   (*server)->Shutdown();

@@ -145,6 +145,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   ASSIGN_OR_RETURN(BackendChoice choice, SelectBackend(backend_options));
   server->backend_ = std::move(choice.backend);
   server->backend_reason_ = std::move(choice.reason);
+  if (server->options_.on_backend_fatal) {
+    server->backend_->SetFatalHandler(
+        [fatal = server->options_.on_backend_fatal](const absl::Status& why) { fatal(why); });
+  }
   spdlog::info("backend {}: {}", server->backend_->name(), server->backend_reason_);
   for (const DeviceInfo& d : server->backend_->devices()) {
     spdlog::info("device {}: {}, {}", d.index, d.name, FormatBytes(d.memory_bytes));

@@ -2,6 +2,7 @@
 #define TESSERA_SERVER_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -69,6 +70,10 @@ struct ServerOptions {
   absl::Duration shutdown_grace = absl::ZeroDuration();
   /// Longest wait for in-flight calls at shutdown before they are cancelled.
   absl::Duration drain_timeout = absl::Seconds(10);
+  /// Called once, from a backend thread, when the backend can run nothing more in this
+  /// process (Backend::SetFatalHandler); tessera-server then shuts down and exits 75 for its
+  /// supervisor to restart it. Unset: the server keeps answering UNAVAILABLE.
+  std::function<void(const absl::Status&)> on_backend_fatal;
 };
 
 inline constexpr int64_t kMinMessageBytes = 64 << 10;

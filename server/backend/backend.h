@@ -152,6 +152,15 @@ class Backend {
   /// Jobs the core releases per stream before the first of them completes (>= 1): one keeps
   /// a CPU worker's stream busy, two let a GPU start the next job without a host round trip.
   virtual int stream_in_flight() const { return 1; }
+
+  /// Called at most once, from a backend thread with no backend lock held, when the backend
+  /// can run nothing more in this process (a CUDA error the driver makes fatal to the
+  /// process: every tenant's work has failed and their tensors are lost); `why` says what
+  /// happened. The server then stops and exits non-zero so that its supervisor restarts it.
+  /// Set before the first context is created. The CPU backend never calls it.
+  virtual void SetFatalHandler(absl::AnyInvocable<void(const absl::Status& why)> handler) {
+    (void)handler;
+  }
 };
 
 }  // namespace tessera

@@ -131,9 +131,6 @@ CudaErrorClass ClassifyCudaError(int code) {
       c.code = absl::StatusCode::kUnavailable;
       c.sticky = true;
       return c;
-    case kEccUncorrectable:
-    case kNvlinkUncorrectable:
-    case kContained:
     case kIllegalAddress:
     case kLaunchTimeout:
     case kAssert:
@@ -143,6 +140,13 @@ CudaErrorClass ClassifyCudaError(int code) {
     case kInvalidAddressSpace:
     case kInvalidPc:
     case kLaunchFailed:
+      c.code = absl::StatusCode::kUnavailable;
+      c.sticky = true;
+      c.process_fatal = true;
+      return c;
+    case kEccUncorrectable:
+    case kNvlinkUncorrectable:
+    case kContained:
     case kExternalDevice:
     case kContextIsDestroyed:
       c.code = absl::StatusCode::kUnavailable;
@@ -171,7 +175,12 @@ absl::Status CudaErrorStatus(int code, absl::string_view name, absl::string_view
                              absl::string_view what) {
   CudaErrorClass c = ClassifyCudaError(code);
   std::string message = absl::StrCat(what, ": ", name, " (", description, ")");
-  if (c.sticky) {
+  if (c.process_fatal) {
+    absl::StrAppend(&message,
+                    "; a fatal GPU fault: CUDA cannot continue in this server process (the "
+                    "driver requires it to be relaunched), so every tenant's GPU work failed, "
+                    "their tensors are lost, and the server restarts; retry once it is back");
+  } else if (c.sticky) {
     absl::StrAppend(&message,
                     "; the tenant's GPU context faulted: its queued work failed, its tensors "
                     "are lost, and the context is being rebuilt");

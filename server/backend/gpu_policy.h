@@ -63,6 +63,14 @@ struct CudaErrorClass {
   absl::StatusCode code = absl::StatusCode::kInternal;
   /// The context is unusable (a sticky error): fail its work, lose its memory, rebuild it.
   bool sticky = false;
+  /// Sticky for the whole process: every context in it reports the error from now on and no
+  /// new context can be created, so nothing can be rebuilt in this process. NVIDIA documents
+  /// these errors as "the process must be terminated and relaunched" (illegal address,
+  /// launch timeout, device assert, hardware stack error, illegal instruction, misaligned
+  /// address, invalid address space, invalid PC, launch failed); seen on an H100 (driver
+  /// 580): after one context's illegal address, another context's next call and every
+  /// cuCtxCreate failed with it, also after the faulting context was destroyed.
+  bool process_fatal = false;
   /// The MPS server faulted or is unreachable: re-probe MPS.
   bool mps_server = false;
   /// Worth retrying later (with a hint in the message).

@@ -225,6 +225,11 @@ TEST_F(FakeCudaDriverTest, WhatAFaultedContextHeldIsFreedWithItExceptGreenStream
   EXPECT_THAT(report, HasSubstr("fake libcuda: note: 1 stream from cuStreamCreateWithPriority "
                                 "freed with their faulted context"));
 
+  // An illegal address is fatal to the process: no context can be created until a new one.
+  CUcontext refused = nullptr;
+  EXPECT_EQ(cuCtxCreate(&refused, nullptr, 0, 0), CUDA_ERROR_ILLEGAL_ADDRESS);
+  fake_->NewProcess();
+
   // A faulted green context's stream still had to be destroyed first.
   CUgreenCtx green = Green();
   CUcontext derived = nullptr;

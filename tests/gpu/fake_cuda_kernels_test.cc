@@ -232,14 +232,16 @@ TEST_F(FakeCudaKernelsTest, AnotherContextsPointerIsAnIllegalAddress) {
                                  HasSubstr("memory of another context"), HasSubstr(address)));
   for (int i = 0; i < 64; ++i) EXPECT_EQ(loot[i], 0.0f) << "the load must not happen";
   Close(thief);
-  // The victim's context is untouched and still works.
+  // The victim's memory is untouched, but its context has the error too: an illegal address
+  // is fatal to the whole process (as on an H100, where another context's next call failed
+  // with it), and no new context can be made.
+  EXPECT_EQ(secret[0], 42.0f);
   ASSERT_EQ(cuCtxPushCurrent(victim.context), CUDA_SUCCESS);
-  float* copy = Alloc<float>(victim, 64);
-  EXPECT_EQ(Launch(victim.tests, "tessera_test_copy", 1, 64, victim.stream, {&secret, &copy, &n}),
-            CUDA_SUCCESS)
-      << LastFault();
-  EXPECT_EQ(copy[63], 42.0f);
+  CUdeviceptr more = 0;
+  EXPECT_EQ(cuMemAlloc(&more, 256), CUDA_ERROR_ILLEGAL_ADDRESS);
   Close(victim);
+  CUcontext refused = nullptr;
+  EXPECT_EQ(cuCtxCreate(&refused, nullptr, 0, 0), CUDA_ERROR_ILLEGAL_ADDRESS);
 }
 
 TEST_F(FakeCudaKernelsTest, MisusedSharedMemoryAndWarpIntrinsicsFailTheLaunch) {
@@ -257,6 +259,7 @@ TEST_F(FakeCudaKernelsTest, MisusedSharedMemoryAndWarpIntrinsicsFailTheLaunch) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.kernel);
+    fake_->NewProcess();  // each launch failure below is fatal to the process
     Device d;
     Open(d);
     int* y = Alloc<int>(d, 64);

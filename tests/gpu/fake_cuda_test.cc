@@ -19,6 +19,7 @@
 #include <dlfcn.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -206,11 +207,19 @@ TEST_F(FakeCudaTest, TheDriversMpsClientLimitIsResourceExhausted) {
   EXPECT_TRUE(cuda.CreateContext({"next", testing::TestQuota(10, 1), 0}).ok());
 }
 
-TEST_F(FakeCudaTest, AnMpsFaultReachesEveryTenantOnTheDeviceAndBothComeBack) {
+TEST_F(FakeCudaTest, AnMpsFaultReachesEveryTenantAndStopsTheBackendForARestart) {
   testing::FakeMps mps;
   mps.Start();
   Backend& cuda = Cuda("auto", {{"CUDA_MPS_PIPE_DIRECTORY", mps.dir()}});
   ASSERT_EQ(cuda.mps().decision, MpsDecision::kMps) << cuda.mps().reason;
+  absl::Notification stopped;
+  absl::Status why;
+  int calls = 0;
+  cuda.SetFatalHandler([&](const absl::Status& status) {
+    why = status;
+    ++calls;
+    stopped.Notify();
+  });
   void* module = dlopen(TESSERA_CUDA_MODULE_PATH, RTLD_NOW | RTLD_NOLOAD);
   ASSERT_NE(module, nullptr);
   auto inject = reinterpret_cast<CudaInjectFault>(dlsym(module, kCudaModuleInjectFault));
@@ -224,27 +233,33 @@ TEST_F(FakeCudaTest, AnMpsFaultReachesEveryTenantOnTheDeviceAndBothComeBack) {
       "fill", {}, {{"value", 2.0}, {"shape", std::vector<int64_t>{1024}}});
 
   ASSERT_TRUE(inject(*faulty, 0).ok());
-  EXPECT_EQ(RunJob(*faulty, {Step{fill, {}, {a}}}).code(), absl::StatusCode::kUnavailable);
+  absl::Status failed = RunJob(*faulty, {Step{fill, {}, {a}}});
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("the server restarts"));
   EXPECT_TRUE(a->lost());
-  // The fault is reported to every client on the GPU: the backend faults the bystander's
-  // context too without waiting for it to notice, and re-probes the MPS daemon.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (!b->lost() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  // An illegal address is fatal to the process (and MPS reports it to every client on the
+  // GPU): the backend faults the bystander's context too without waiting for it to notice,
+  // re-probes the MPS daemon, and tells its owner once that it can run nothing more.
+  ASSERT_TRUE(stopped.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(why.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(why.message(), HasSubstr("fatal fault on GPU 0 (CUDA_ERROR_ILLEGAL_ADDRESS)"));
   EXPECT_TRUE(b->lost());
   EXPECT_THAT(cuda.mps().reason, HasSubstr("MPS server fault on GPU 0"));
-  EXPECT_EQ(RunJob(*bystander, {Step{fill, {}, {b}}}).code(), absl::StatusCode::kDataLoss);
+  absl::Status other = RunJob(*bystander, {Step{fill, {}, {b}}});
+  EXPECT_THAT(other.code(),
+              ::testing::AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDataLoss))
+      << other;
   dlclose(module);
 
-  // Once every faulted client context is gone the server takes new ones: both tenants work.
+  // Nothing is rebuilt in this process: each tenant is told why, and so is a new one.
   for (TenantContext* c : {faulty.get(), bystander.get()}) {
     auto fresh = c->Allocate(4096);
-    ASSERT_TRUE(fresh.ok()) << fresh.status();
-    ASSERT_TRUE(RunJob(*c, {Step{fill, {}, {*fresh}}}).ok());
-    float value = 0;
-    ASSERT_TRUE(c->CopyOut(**fresh, 4092, &value, 4).ok());
-    EXPECT_EQ(value, 2.0f);
-    EXPECT_EQ(c->info().kind, ContextKind::kMps);
+    EXPECT_EQ(fresh.status().code(), absl::StatusCode::kUnavailable) << fresh.status();
+    EXPECT_THAT(fresh.status().message(), HasSubstr("relaunched"));
   }
+  auto refused = cuda.CreateContext({"newcomer", testing::TestQuota(50, 1), 0});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_EQ(calls, 1);
 }
 
 // ---- nothing left behind -----------------------------------------------------------------
@@ -355,23 +370,24 @@ TEST_F(FakeCudaTest, AContextThatCannotBeCreatedGivesBackWhatItHadMade) {
   EXPECT_THAT(context->info().reason, HasSubstr("SM groups 0-4 of 16"));
 }
 
+// A sticky error that stays with its context (an uncorrectable ECC error here; NVIDIA does not
+// document it as fatal to the process) faults only that tenant, whose context is rebuilt.
 TEST_F(FakeCudaTest, AGreenContextRebuiltAfterAFaultLeavesNothingOfTheOldOneBehind) {
   Cuda();
-  void* module = dlopen(TESSERA_CUDA_MODULE_PATH, RTLD_NOW | RTLD_NOLOAD);
-  ASSERT_NE(module, nullptr);
-  auto inject = reinterpret_cast<CudaInjectFault>(dlsym(module, kCudaModuleInjectFault));
-  ASSERT_NE(inject, nullptr);
   auto context = Context("rebuilt", 25, 2);
-  ASSERT_NE(context, nullptr);
+  auto bystander = Context("bystander", 25, 1);
+  ASSERT_TRUE(context != nullptr && bystander != nullptr);
   ASSERT_EQ(context->info().kind, ContextKind::kGreen) << context->info().reason;
   auto fill = *kernels::Registry::Global().Prepare(
       "fill", {}, {{"value", 5.0}, {"shape", std::vector<int64_t>{1024}}});
   auto lost = *context->Allocate(4096);
+  auto kept = *bystander->Allocate(4096);
   float value = 0;
   ASSERT_TRUE(context->CopyOut(*lost, 0, &value, 4).ok());  // pinned staging and its events
-  ASSERT_TRUE(inject(*context, 0).ok());
-  EXPECT_EQ(RunJob(*context, {Step{fill, {}, {lost}}}).code(), absl::StatusCode::kUnavailable);
-  dlclose(module);
+  fake_->Fail("cuLaunchHostFunc", 0, CUDA_ERROR_ECC_UNCORRECTABLE);
+  absl::Status failed = RunJob(*context, {Step{fill, {}, {lost}}});
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("the context is being rebuilt"));
   ASSERT_TRUE(lost->lost());
   lost.reset();
   // The next use rebuilds the context; the faulted one is gone, and with it everything it held
@@ -381,9 +397,12 @@ TEST_F(FakeCudaTest, AGreenContextRebuiltAfterAFaultLeavesNothingOfTheOldOneBehi
   ASSERT_TRUE(RunJob(*context, {Step{fill, {}, {*fresh}}}).ok());
   ASSERT_TRUE(context->CopyOut(**fresh, 4092, &value, 4).ok());
   EXPECT_EQ(value, 5.0f);
+  // The other tenant never noticed.
+  EXPECT_FALSE(kept->lost());
+  EXPECT_TRUE(RunJob(*bystander, {Step{fill, {}, {kept}}}).ok());
   std::string report;
   EXPECT_EQ(fake_->OutlivedContexts(&report), 0) << report;
-  EXPECT_EQ(fake_->tally(FakeCudaKind::kGreenContext).live, 1);
+  EXPECT_EQ(fake_->tally(FakeCudaKind::kGreenContext).live, 2);
 }
 
 // ---- the launcher's geometry: broadcasting, axes, permutations, in-place staging ---------

@@ -8,12 +8,14 @@
 
 #include "tessera/npy.h"
 #include "tests/testing/server_fixture.h"
+#include "tests/testing/slow_work.h"
 
 namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
 using testing::kGiB;
+using testing::SlowWork;
 
 v1::TensorSpec Spec(v1::DType dtype, std::vector<int64_t> shape) {
   v1::TensorSpec spec;
@@ -63,19 +65,6 @@ class ComputeTest : public testing::ServerTest {
     request.set_kernel(kernel);
     for (auto& h : inputs) request.add_inputs(h);
     request.set_wait(wait);
-    return request;
-  }
-
-  /// A job that keeps stream `stream` busy for a while: a program of large matmuls.
-  v1::SubmitRequest SlowProgram(const std::string& a, int steps, uint32_t stream = 0) {
-    v1::SubmitRequest request;
-    request.set_stream(stream);
-    for (int i = 0; i < steps; ++i) {
-      v1::ProgramStep* step = request.add_steps();
-      step->set_kernel("matmul");
-      step->add_inputs()->set_handle(a);
-      step->add_inputs()->set_handle(a);
-    }
     return request;
   }
 
@@ -257,9 +246,14 @@ TEST_F(ComputeTest, StreamIndexAndKernelErrorsAreInvalidArgument) {
 
 TEST_F(ComputeTest, QueueBoundCancelAndWaitTimeout) {
   auto busy = Tenant("busy", kGiB, 1, 2);
-  auto big = busy->CreateTensor(Spec(v1::DTYPE_F32, {700, 700}));
-  ASSERT_TRUE(big.ok());
-  auto running = busy->Submit(SlowProgram(big->handle(), 40));  // runs for a while
+  // A program that runs for about two seconds on this backend (calibrated on it).
+  auto work = SlowWork::Calibrate(*busy, absl::Seconds(2), kGiB / 4);
+  ASSERT_TRUE(work.ok()) << work.status();
+  const std::string big = work->operand();
+  const absl::Time submitted = absl::Now();
+  auto running = busy->Submit(work->Program());
+  std::printf("Submit of the slow program returned after %s\n",
+              absl::FormatDuration(absl::Now() - submitted).c_str());
   ASSERT_TRUE(running.ok()) << running.status();
   for (int i = 0; i < 500 && busy->GetUsage()->jobs_running() == 0; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
@@ -269,7 +263,7 @@ TEST_F(ComputeTest, QueueBoundCancelAndWaitTimeout) {
   std::vector<std::string> accepted;
   absl::Status refused;
   for (int i = 0; i < 8 && refused.ok(); ++i) {
-    auto job = busy->Launch(Launch("neg", {big->handle()}, false));
+    auto job = busy->Launch(Launch("neg", {big}, false));
     if (job.ok()) {
       accepted.push_back(job->job_id());
     } else {
@@ -287,8 +281,7 @@ TEST_F(ComputeTest, QueueBoundCancelAndWaitTimeout) {
   ASSERT_TRUE(cancelled.ok());
   EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
   // A tensor in use by a queued job cannot be deleted.
-  EXPECT_EQ(busy->DeleteTensor(big->handle()).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(busy->DeleteTensor(big).status().code(), absl::StatusCode::kFailedPrecondition);
   // WaitJob with a short timeout returns the job unfinished.
   auto waited = busy->WaitJob(first, absl::Milliseconds(50));
   ASSERT_TRUE(waited.ok()) << waited.status();
@@ -304,16 +297,16 @@ TEST_F(ComputeTest, QueueBoundCancelAndWaitTimeout) {
   EXPECT_EQ(busy->WaitJob(running->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
   auto usage = busy->GetUsage();
   EXPECT_EQ(usage->jobs_cancelled(), 1u);
-  EXPECT_EQ(usage->jobs_succeeded(), accepted.size());
+  EXPECT_EQ(usage->jobs_succeeded(), work->calibration_jobs() + accepted.size());
   EXPECT_GT(usage->busy_time().seconds() * 1000000000 + usage->busy_time().nanos(), 0);
-  EXPECT_TRUE(busy->DeleteTensor(big->handle()).ok());
+  EXPECT_TRUE(busy->DeleteTensor(big).ok());
 }
 
 TEST_F(ComputeTest, DeadlinesAreHonoured) {
-  auto big = tenant_->CreateTensor(Spec(v1::DTYPE_F32, {700, 700}));
-  ASSERT_TRUE(big.ok());
-  v1::SubmitRequest slow = SlowProgram(big->handle(), 60);
-  slow.set_wait(true);
+  // A program that runs for about three seconds on this backend, far past the call's 200 ms.
+  auto work = SlowWork::Calibrate(*tenant_, absl::Seconds(3), kGiB / 4);
+  ASSERT_TRUE(work.ok()) << work.status();
+  v1::SubmitRequest slow = work->Program(0, /*wait=*/true);
   auto hurried = Client::Connect(
       {.address = server_->address(), .token = keys_["alpha"], .timeout = absl::Milliseconds(200)});
   ASSERT_TRUE(hurried.ok());
@@ -330,7 +323,7 @@ TEST_F(ComputeTest, DeadlinesAreHonoured) {
   ASSERT_TRUE(usage.ok());
   EXPECT_EQ(usage->jobs_failed(), 0u);
   EXPECT_EQ(usage->jobs_queued() + usage->jobs_running(), 0u);
-  EXPECT_LE(usage->jobs_succeeded() + usage->jobs_cancelled(), 1u);
+  EXPECT_LE(usage->jobs_succeeded() + usage->jobs_cancelled(), work->calibration_jobs() + 1);
 }
 
 TEST_F(ComputeTest, KernelsAndUsage) {
@@ -352,10 +345,10 @@ TEST_F(ComputeTest, KernelsAndUsage) {
 
 TEST_F(ComputeTest, DeregisterCancelsQueuedWorkAndRevokesTheKey) {
   auto doomed = Tenant("doomed", kGiB, 1, 0);
-  auto big = doomed->CreateTensor(Spec(v1::DTYPE_F32, {700, 700}));
-  ASSERT_TRUE(big.ok());
-  ASSERT_TRUE(doomed->Submit(SlowProgram(big->handle(), 20)).ok());
-  auto queued = doomed->Launch(Launch("neg", {big->handle()}, false));
+  auto work = SlowWork::Calibrate(*doomed, absl::Seconds(1), kGiB / 4);
+  ASSERT_TRUE(work.ok()) << work.status();
+  ASSERT_TRUE(doomed->Submit(work->Program()).ok());
+  auto queued = doomed->Launch(Launch("neg", {work->operand()}, false));
   ASSERT_TRUE(queued.ok());
   ASSERT_TRUE(admin_->DeregisterTenant("doomed").ok());
   EXPECT_EQ(doomed->GetUsage().status().code(), absl::StatusCode::kUnauthenticated);

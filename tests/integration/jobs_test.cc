@@ -15,15 +15,15 @@
 #include "gtest/gtest.h"
 
 #include "tests/testing/server_fixture.h"
+#include "tests/testing/slow_work.h"
 
 namespace tessera::testing {
 namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kBlockerElements = 4 << 20;  // 16 MiB of f32
 // How long a blocker keeps its stream busy: long enough for a test's calls behind it, short
-// enough to wait for. Its steps are scaled to the backend's speed, measured in SetUp.
+// enough to wait for. Its size is measured on the backend under test in SetUp (SlowWork).
 constexpr absl::Duration kBlockerTime = absl::Seconds(2);
 
 class JobsTest : public ServerTest {
@@ -38,18 +38,11 @@ class JobsTest : public ServerTest {
     ASSERT_TRUE(registered.ok()) << registered.status();
     key_ = registered->api_key();
     tenant_ = ClientWith(key_);
-    big_ = MustCreate(kBlockerElements);
-    sink_ = MustCreate(kBlockerElements);
     ones_ = MustCreate(4, std::vector<float>{1, 1, 1, 1});
     target_ = MustCreate(4);
-    // Measure a few steps, then size blockers to kBlockerTime (at most a program's 256).
-    blocker_steps_ = 16;
-    const absl::Time start = absl::Now();
-    auto probe = Blocker(0, /*wait=*/true);
-    ASSERT_TRUE(probe.ok()) << probe.status();
-    ASSERT_EQ(probe->state(), v1::JOB_STATE_SUCCEEDED) << probe->error_message();
-    const absl::Duration per_step = (absl::Now() - start) / blocker_steps_;
-    blocker_steps_ = static_cast<int>(std::clamp<int64_t>(kBlockerTime / per_step, 16, 256));
+    auto blocker = SlowWork::Calibrate(*tenant_, kBlockerTime, kGiB);
+    ASSERT_TRUE(blocker.ok()) << blocker.status();
+    blocker_ = *std::move(blocker);
   }
 
   std::string MustCreate(int elements, std::vector<float> values = {}) {
@@ -63,19 +56,9 @@ class JobsTest : public ServerTest {
     return t.ok() ? t->handle() : "";
   }
 
-  // A job that keeps stream `stream` busy for a while: sink = big ** big, many times.
+  // A job that keeps stream `stream` busy for about kBlockerTime.
   absl::StatusOr<v1::Job> Blocker(int stream = 0, bool wait = false) {
-    v1::SubmitRequest request;
-    request.set_stream(stream);
-    request.set_wait(wait);
-    for (int i = 0; i < blocker_steps_; ++i) {
-      v1::ProgramStep* step = request.add_steps();
-      step->set_kernel("pow");
-      step->add_inputs()->set_handle(big_);
-      step->add_inputs()->set_handle(big_);
-      step->add_outputs()->set_handle(sink_);
-    }
-    return tenant_->Submit(request);
+    return tenant_->Submit(blocker_.Program(static_cast<uint32_t>(stream), wait));
   }
 
   // Fills `stream` so that the next job on it waits in the core's queue: as many blockers
@@ -110,9 +93,9 @@ class JobsTest : public ServerTest {
   }
 
   std::string key_;
-  int blocker_steps_ = 4;
+  SlowWork blocker_;
   std::unique_ptr<Client> tenant_;
-  std::string big_, sink_, ones_, target_;
+  std::string ones_, target_;
 };
 
 const std::vector<float> kZeros = {0, 0, 0, 0};
@@ -212,7 +195,8 @@ TEST_F(JobsTest, AWaitingCallsDeadlineIsTheJobsDeadline) {
   EXPECT_EQ(Target(), kZeros);
   auto usage = tenant_->GetUsage();
   ASSERT_TRUE(usage.ok());
-  EXPECT_EQ(usage->jobs_succeeded(), OnCpu() ? 2u : 3u);  // the probe and the blockers
+  // The calibration's jobs and the blockers.
+  EXPECT_EQ(usage->jobs_succeeded(), blocker_.calibration_jobs() + (OnCpu() ? 1u : 2u));
   EXPECT_EQ(usage->jobs_cancelled(), 1u);
 }
 
@@ -462,7 +446,7 @@ TEST_F(JobsTest, AJobsScratchCountsAgainstTheMemoryQuota) {
 
 // With one job in flight on the device, the core releases the tenants' queued jobs in
 // weighted fair order: a tenant with three times the compute share gets about three times
-// the jobs while both have work queued.
+// the device time while both have work queued.
 TEST_F(JobsTest, TheDeviceIsSharedByComputeShareWhenJobsWait) {
   StartServerFresh({"--device_in_flight=1"});
   auto tenant = [&](const std::string& id, uint32_t share) {
@@ -474,26 +458,16 @@ TEST_F(JobsTest, TheDeviceIsSharedByComputeShareWhenJobsWait) {
     return ClientWith(registered.ok() ? registered->api_key() : "");
   };
   auto heavy = tenant("heavy", 75), light = tenant("light", 25);
-  v1::TensorSpec spec;
-  spec.set_dtype(v1::DTYPE_F32);
-  spec.add_shape(1 << 18);
-  auto xh = heavy->CreateTensor(spec), xl = light->CreateTensor(spec);
-  auto yh = heavy->CreateTensor(spec), yl = light->CreateTensor(spec);
-  ASSERT_TRUE(xh.ok() && xl.ok() && yh.ok() && yl.ok());
-  auto job = [](const v1::TensorInfo& x, const v1::TensorInfo& y) {
-    v1::SubmitRequest request;
-    for (int i = 0; i < 8; ++i) {
-      v1::ProgramStep* step = request.add_steps();
-      step->set_kernel("exp");
-      step->add_inputs()->set_handle(x.handle());
-      step->add_outputs()->set_handle(y.handle());
-    }
-    return request;
-  };
+  // Jobs of about 20 ms on this backend, so that both tenants' queues fill faster than the
+  // device empties them.
+  auto heavy_work = SlowWork::Calibrate(*heavy, absl::Milliseconds(20), kGiB / 4);
+  ASSERT_TRUE(heavy_work.ok()) << heavy_work.status();
+  auto light_work = SlowWork::ForTenant(*light, heavy_work->n(), heavy_work->steps());
+  ASSERT_TRUE(light_work.ok()) << light_work.status();
   std::vector<std::string> heavy_jobs, light_jobs;
   for (int i = 0; i < 40; ++i) {
-    auto h = heavy->Submit(job(*xh, *yh));
-    auto l = light->Submit(job(*xl, *yl));
+    auto h = heavy->Submit(heavy_work->Program());
+    auto l = light->Submit(light_work->Program());
     ASSERT_TRUE(h.ok() && l.ok()) << h.status() << l.status();
     heavy_jobs.push_back(h->job_id());
     light_jobs.push_back(l->job_id());
@@ -519,18 +493,31 @@ TEST_F(JobsTest, TheDeviceIsSharedByComputeShareWhenJobsWait) {
       all.push_back(*j);
     }
   }
+  // The device time each got: the core charges a job's run time divided by the tenant's
+  // weight, so time, not the number of jobs, follows the shares (on a GPU the light tenant's
+  // jobs run on a quarter of the SMs and take longer than the heavy one's).
   int heavy_released = 0, light_released = 0;
+  double heavy_time = 0, light_time = 0;
   for (size_t i = 0; i < all.size(); ++i) {
-    if (!all[i].has_start_time()) continue;
+    if (!all[i].has_start_time() || !all[i].has_end_time()) continue;
     const double start = seconds(all[i].start_time());
     if (start < queued || start > until) continue;
-    (i < heavy_jobs.size() ? heavy_released : light_released) += 1;
+    const double ran = seconds(all[i].end_time()) - start;
+    if (i < heavy_jobs.size()) {
+      ++heavy_released;
+      heavy_time += ran;
+    } else {
+      ++light_released;
+      light_time += ran;
+    }
   }
   ASSERT_GE(heavy_released + light_released, 8)
       << "too few jobs released after the last was queued";
-  const double light_part = static_cast<double>(light_released) / (heavy_released + light_released);
-  EXPECT_GE(light_part, 0.1) << light_released << " light, " << heavy_released << " heavy";
-  EXPECT_LE(light_part, 0.45) << light_released << " light, " << heavy_released << " heavy";
+  const double light_part = light_time / (heavy_time + light_time);
+  const std::string counts = absl::StrCat(light_released, " light jobs (", light_time, " s), ",
+                                          heavy_released, " heavy (", heavy_time, " s)");
+  EXPECT_GE(light_part, 0.1) << counts;
+  EXPECT_LE(light_part, 0.45) << counts;
   (void)admin_->TerminateTenantWork("heavy");
   (void)admin_->TerminateTenantWork("light");
 }

@@ -278,6 +278,13 @@ class CudaContext final : public TenantContext {
     }
   }
 
+  /// Faults this context with `error`, found elsewhere in the process (a process-fatal
+  /// error reaches every context, whatever the driver says of this one yet).
+  void FaultWith(CUresult error, std::vector<Finished>& finished) {
+    absl::MutexLock lock(&mu_);
+    FaultLocked(error, finished);
+  }
+
   absl::Status InjectFault(int stream) {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<std::shared_ptr<Incarnation>> inc = CurrentLocked();
@@ -434,6 +441,7 @@ class CudaContext final : public TenantContext {
   // The live incarnation, rebuilt after a fault. UNAVAILABLE while it cannot be.
   absl::StatusOr<std::shared_ptr<Incarnation>> CurrentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (current_ != nullptr && !current_->lost.load()) return current_;
+    if (absl::Status fatal = backend_->fatal(); !fatal.ok()) return fatal;
     absl::StatusOr<std::shared_ptr<Incarnation>> rebuilt = Build();
     if (!rebuilt.ok()) {
       return absl::UnavailableError(absl::StrCat(
@@ -1065,6 +1073,7 @@ absl::StatusOr<std::unique_ptr<TenantContext>> CudaBackend::CreateContext(
                                                    " is not a GPU of this host (0..",
                                                    gpus_.size() - 1, ")"));
   }
+  RETURN_IF_ERROR(fatal());
   const Gpu& gpu = gpus_[request.device_index];
   MpsState mps = this->mps();
   ContextPlan plan = PlanContext(mps.decision, mps.reason, gpu.green,
@@ -1186,11 +1195,46 @@ void CudaBackend::OnDeviceFault(int device, CUresult error) {
       spdlog::warn("{}", mps_.reason);
     }
   }
+  if (ClassifyCudaError(error).process_fatal) {
+    OnProcessFatal(device, error);
+    return;
+  }
   std::vector<CudaContext::Finished> finished;
   ForEachContext([&](CudaContext& c) {
     if (c.device() == device) c.CheckSticky(finished);
   });
   CudaContext::Deliver(finished);
+}
+
+void CudaBackend::SetFatalHandler(absl::AnyInvocable<void(const absl::Status&)> handler) {
+  absl::MutexLock lock(&fatal_mu_);
+  fatal_handler_ = std::move(handler);
+}
+
+absl::Status CudaBackend::fatal() const {
+  absl::MutexLock lock(&fatal_mu_);
+  return fatal_;
+}
+
+void CudaBackend::OnProcessFatal(int device, CUresult error) {
+  absl::AnyInvocable<void(const absl::Status&)> handler;
+  absl::Status why;
+  {
+    absl::MutexLock lock(&fatal_mu_);
+    if (!fatal_.ok()) return;
+    fatal_ = absl::UnavailableError(
+        absl::StrCat("the GPU backend stopped after a fatal fault on GPU ", device, " (",
+                     driver_->ErrorName(error),
+                     "): CUDA cannot continue in this server process (the driver requires it to be "
+                     "relaunched); the server restarts, retry once it is back"));
+    why = fatal_;
+    handler = std::move(fatal_handler_);
+  }
+  spdlog::error("{}", why.message());
+  std::vector<CudaContext::Finished> finished;
+  ForEachContext([&](CudaContext& c) { c.FaultWith(error, finished); });
+  CudaContext::Deliver(finished);
+  if (handler) handler(why);
 }
 
 }  // namespace tessera::cuda

@@ -40,6 +40,11 @@ class CudaBackend final : public Backend {
       const ContextRequest& request) override;
   /// Two: the GPU starts a stream's next job as soon as the previous one ends.
   int stream_in_flight() const override { return 2; }
+  void SetFatalHandler(absl::AnyInvocable<void(const absl::Status&)> handler) override
+      ABSL_LOCKS_EXCLUDED(fatal_mu_);
+  /// OK until a process-fatal CUDA error (ClassifyCudaError's process_fatal); then the
+  /// UNAVAILABLE status every later use of the backend gets.
+  absl::Status fatal() const ABSL_LOCKS_EXCLUDED(fatal_mu_);
 
   /// Test hook (see cuda_module.h).
   absl::Status InjectFault(TenantContext& context, int stream);
@@ -78,6 +83,10 @@ class CudaBackend final : public Backend {
   /// After a sticky fault on `device`: re-probe MPS and fault every other context there
   /// that reports the error too.
   void OnDeviceFault(int device, CUresult error) ABSL_LOCKS_EXCLUDED(mu_, mps_mu_);
+  /// After a process-fatal error: every context in the process has it (NVIDIA: the process
+  /// must be relaunched), so every context is faulted, nothing is rebuilt, and the fatal
+  /// handler is told once. Completion thread only.
+  void OnProcessFatal(int device, CUresult error) ABSL_LOCKS_EXCLUDED(mu_, fatal_mu_);
 
   std::unique_ptr<Driver> driver_;
   std::unique_ptr<KernelTable> kernels_;
@@ -103,6 +112,10 @@ class CudaBackend final : public Backend {
   // Per device, per SM group: the live green contexts using it.
   std::vector<std::vector<int>> group_users_ ABSL_GUARDED_BY(groups_mu_);
   std::thread completer_;
+
+  mutable absl::Mutex fatal_mu_;
+  absl::Status fatal_ ABSL_GUARDED_BY(fatal_mu_);
+  absl::AnyInvocable<void(const absl::Status&)> fatal_handler_ ABSL_GUARDED_BY(fatal_mu_);
 };
 
 /// The test hook behind cuda_module.h's kCudaModuleInjectFault (`context` must come from a

@@ -5,9 +5,15 @@
 // host, every thread of every block, with every load and store checked (device.h,
 // device_runtime.cc), so the backend's own code (contexts, streams, staging, completion,
 // launch geometry, faults) and the kernels' code run unchanged on CI machines. A kernel's
-// memory fault (another context's memory, past an allocation's end, ...) is a sticky error of
-// its context, as on a GPU, and is printed as "fake libcuda: device fault: ..." with the kernel,
-// block, thread and address.
+// memory fault (another context's memory, past an allocation's end, ...) is printed as
+// "fake libcuda: device fault: ..." with the kernel, block, thread and address, and is what it
+// is on a GPU: an illegal address, sticky for the whole process. As NVIDIA documents for
+// these errors ("the process must be terminated and relaunched") and as an H100 showed
+// (driver 580: after one context's illegal address another context's next call and every
+// cuCtxCreate failed with it, also once the faulting context was destroyed), every context
+// of the process gets the error and no context can be created again (cuCtxCreate and
+// cuGreenCtxCreate return it) until tessera_fake_cuda_reset, which stands for a new process.
+// Other sticky errors (CUDA_ERROR_MPS_CLIENT_TERMINATED, ECC) stay with their context.
 //
 // It behaves like the driver where the backend depends on it and is strict where the real
 // one would be undefined: a call that needs a current context without one, memory touched
@@ -180,6 +186,8 @@ struct Global {
   std::string fail_call;
   int fail_after = 0;
   CUresult fail_error = CUDA_SUCCESS;
+  // A process-fatal error seen (see the top of this file): no context can be created.
+  CUresult poisoned = CUDA_SUCCESS;
 };
 
 Global& G() {
@@ -360,14 +368,24 @@ long LeakReport(bool count_live, std::string& text) {
   return leaks;
 }
 
-// The injected failure for `call`, once its turn comes (CUDA_SUCCESS otherwise).
+void Fault(CUctx_st* context, CUresult error);
+bool ProcessFatal(CUresult error);
+
+// The injected failure for `call`, once its turn comes (CUDA_SUCCESS otherwise). A sticky
+// error faults the current context as the real one would have been.
 CUresult Injected(const char* call) {
   Global& g = G();
-  std::lock_guard<std::mutex> lock(g.mu);
-  if (g.fail_error == CUDA_SUCCESS || g.fail_call != call) return CUDA_SUCCESS;
-  if (g.fail_after-- > 0) return CUDA_SUCCESS;
-  const CUresult error = g.fail_error;
-  g.fail_error = CUDA_SUCCESS;
+  CUresult error = CUDA_SUCCESS;
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    if (g.fail_error == CUDA_SUCCESS || g.fail_call != call) return CUDA_SUCCESS;
+    if (g.fail_after-- > 0) return CUDA_SUCCESS;
+    error = g.fail_error;
+    g.fail_error = CUDA_SUCCESS;
+  }
+  const bool sticky = ProcessFatal(error) || error == CUDA_ERROR_ECC_UNCORRECTABLE ||
+                      error == CUDA_ERROR_MPS_CLIENT_TERMINATED;
+  if (sticky && Current() != nullptr) Fault(Current(), error);
   return error;
 }
 
@@ -377,14 +395,35 @@ __attribute__((destructor)) void ReportLeaksAtExit() {
   if (LeakReport(true, text) > 0) std::fputs(text.c_str(), stderr);
 }
 
-// A sticky error in `context`; under MPS every context on the device gets it too.
+// The errors NVIDIA documents as leaving the process unable to use CUDA until relaunched.
+bool ProcessFatal(CUresult error) {
+  switch (error) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_LAUNCH_FAILED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A sticky error in `context`; a process-fatal one reaches every context of the process, and
+// under MPS any fatal fault reaches every context on the device.
 void Fault(CUctx_st* context, CUresult error) {
   Global& g = G();
   std::lock_guard<std::mutex> lock(g.mu);
   std::vector<CUctx_st*> hit = {context};
-  if (g.mps) {
+  const bool process = ProcessFatal(error);
+  if (process && g.poisoned == CUDA_SUCCESS) g.poisoned = error;
+  if (g.mps || process) {
     for (CUctx_st* c : g.contexts) {
-      if (c->device == context->device && c != context) hit.push_back(c);
+      if ((process || c->device == context->device) && c != context) hit.push_back(c);
     }
   }
   for (CUctx_st* c : hit) {
@@ -592,6 +631,7 @@ CUresult NewContext(CUdevice dev, int sms, bool green, CUctx_st** out) {
   if (!g.initialized) return CUDA_ERROR_NOT_INITIALIZED;
   if (dev < 0 || static_cast<size_t>(dev) >= g.devices.size()) return CUDA_ERROR_INVALID_DEVICE;
   Device& d = g.devices[static_cast<size_t>(dev)];
+  if (g.poisoned != CUDA_SUCCESS) return g.poisoned;
   if (g.mps) {
     if (d.faulted_alive > 0) return CUDA_ERROR_MPS_SERVER_NOT_READY;
     if (d.mps_clients >= (d.cc_major >= 7 ? 48 : 16)) return CUDA_ERROR_MPS_MAX_CLIENTS_REACHED;
@@ -1520,10 +1560,17 @@ FAKE_EXPORT void tessera_fake_cuda_reset() {
   g.created.fill(0);
   g.ended.clear();
   g.fail_error = CUDA_SUCCESS;
+  g.poisoned = CUDA_SUCCESS;  // a new process, as far as the next contexts are concerned
   g_misuses.store(0);
   std::lock_guard<std::mutex> device_lock(g_device_error_mu);
   g_device_errors = 0;
   g_device_error.clear();
+}
+
+FAKE_EXPORT void tessera_fake_cuda_new_process() {
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.poisoned = CUDA_SUCCESS;
 }
 
 FAKE_EXPORT int tessera_fake_cuda_device_errors(char* last, int size) {

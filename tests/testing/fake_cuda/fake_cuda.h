@@ -62,6 +62,7 @@ inline constexpr char kFakeCudaLeaksSymbol[] = "tessera_fake_cuda_leaks";
 inline constexpr char kFakeCudaResetSymbol[] = "tessera_fake_cuda_reset";
 inline constexpr char kFakeCudaFailSymbol[] = "tessera_fake_cuda_fail";
 inline constexpr char kFakeCudaDeviceErrorsSymbol[] = "tessera_fake_cuda_device_errors";
+inline constexpr char kFakeCudaNewProcessSymbol[] = "tessera_fake_cuda_new_process";
 /// Misuses since the last reset.
 using FakeCudaMisusesFn = int (*)();
 /// Fills `*out` for `kind` (a FakeCudaKind); false for another number.
@@ -84,6 +85,9 @@ using FakeCudaFailFn = void (*)(const char* call, int after, int error);
 /// misaligned one, a misused barrier or warp intrinsic); the last one's description ("kernel
 /// K, block (x,y,z), thread (x,y,z): ...") in `last`, truncated to `size` bytes.
 using FakeCudaDeviceErrorsFn = int (*)(char* last, int size);
+/// Forgets a process-fatal error (an illegal address and the like: after one, no context can
+/// be created in the process), as a new process would; the counts stay. Reset does it too.
+using FakeCudaNewProcessFn = void (*)();
 
 // For the fake cuBLAS (fake_cublas.cc), declared there with the driver's types:
 //   int tessera_fake_cuda_stream_context(CUstream, CUcontext* out)
@@ -113,8 +117,11 @@ class FakeCudaDriver {
     fake.fail_ = reinterpret_cast<FakeCudaFailFn>(dlsym(handle, kFakeCudaFailSymbol));
     fake.device_errors_ =
         reinterpret_cast<FakeCudaDeviceErrorsFn>(dlsym(handle, kFakeCudaDeviceErrorsSymbol));
+    fake.new_process_ =
+        reinterpret_cast<FakeCudaNewProcessFn>(dlsym(handle, kFakeCudaNewProcessSymbol));
     if (fake.misuses_ == nullptr || fake.tally_ == nullptr || fake.leaks_ == nullptr ||
-        fake.reset_ == nullptr || fake.fail_ == nullptr || fake.device_errors_ == nullptr) {
+        fake.reset_ == nullptr || fake.fail_ == nullptr || fake.device_errors_ == nullptr ||
+        fake.new_process_ == nullptr) {
       return std::nullopt;
     }
     return fake;
@@ -129,6 +136,7 @@ class FakeCudaDriver {
     reset_ = other.reset_;
     fail_ = other.fail_;
     device_errors_ = other.device_errors_;
+    new_process_ = other.new_process_;
     return *this;
   }
   ~FakeCudaDriver() {
@@ -147,6 +155,8 @@ class FakeCudaDriver {
   /// Only objects that outlived a healthy context: leaks already made while their maker runs.
   int OutlivedContexts(std::string* report) const { return Read(0, report); }
   void Reset() const { reset_(); }
+  /// See FakeCudaNewProcessFn.
+  void NewProcess() const { new_process_(); }
   /// See FakeCudaFailFn (`error`: a CUresult).
   void Fail(const char* call, int after, int error) const { fail_(call, after, error); }
   /// See FakeCudaDeviceErrorsFn.
@@ -174,6 +184,7 @@ class FakeCudaDriver {
   FakeCudaResetFn reset_ = nullptr;
   FakeCudaFailFn fail_ = nullptr;
   FakeCudaDeviceErrorsFn device_errors_ = nullptr;
+  FakeCudaNewProcessFn new_process_ = nullptr;
 };
 
 }  // namespace tessera::testing

@@ -93,14 +93,21 @@ TEST(GpuPolicyTest, AFullShareNeedsNoPartition) {
 }
 
 TEST(GpuPolicyTest, DriverErrorsMapToStatusesAndFaultClasses) {
-  // CUDA_ERROR_ILLEGAL_ADDRESS: sticky, the context is rebuilt.
+  // CUDA_ERROR_ILLEGAL_ADDRESS: sticky, and fatal to the process (nothing can be rebuilt).
   CudaErrorClass illegal = ClassifyCudaError(700);
   EXPECT_EQ(illegal.code, absl::StatusCode::kUnavailable);
   EXPECT_TRUE(illegal.sticky);
+  EXPECT_TRUE(illegal.process_fatal);
   EXPECT_FALSE(illegal.mps_server);
-  // CUDA_ERROR_LAUNCH_FAILED, _MPS_CLIENT_TERMINATED: sticky too.
-  EXPECT_TRUE(ClassifyCudaError(719).sticky);
+  // The others NVIDIA documents as "the process must be terminated and relaunched".
+  for (int code : {702, 710, 714, 715, 716, 717, 718, 719}) {
+    EXPECT_TRUE(ClassifyCudaError(code).process_fatal) << code;
+  }
+  // CUDA_ERROR_MPS_CLIENT_TERMINATED, ECC: sticky for the context only, which is rebuilt.
   EXPECT_TRUE(ClassifyCudaError(810).sticky);
+  EXPECT_FALSE(ClassifyCudaError(810).process_fatal);
+  EXPECT_TRUE(ClassifyCudaError(214).sticky);
+  EXPECT_FALSE(ClassifyCudaError(214).process_fatal);
   // CUDA_ERROR_MPS_SERVER_NOT_READY: retry later, re-probe MPS, nothing lost.
   CudaErrorClass not_ready = ClassifyCudaError(807);
   EXPECT_EQ(not_ready.code, absl::StatusCode::kUnavailable);
@@ -124,6 +131,10 @@ TEST(GpuPolicyTest, ErrorStatusNamesTheCallTheErrorAndTheConsequence) {
   absl::Status sticky =
       CudaErrorStatus(700, "CUDA_ERROR_ILLEGAL_ADDRESS", "illegal address", "running job j1");
   EXPECT_THAT(sticky.message(), HasSubstr("tensors are lost"));
+  EXPECT_THAT(sticky.message(), HasSubstr("the server restarts"));
+  absl::Status terminated = CudaErrorStatus(810, "CUDA_ERROR_MPS_CLIENT_TERMINATED",
+                                            "client terminated", "running job j2");
+  EXPECT_THAT(terminated.message(), HasSubstr("the context is being rebuilt"));
 }
 
 }  // namespace

@@ -1,0 +1,133 @@
+#ifndef TESSERA_TESTS_TESTING_SLOW_WORK_H_
+#define TESSERA_TESTS_TESTING_SLOW_WORK_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+#include "tessera/client.h"
+
+namespace tessera::testing {
+
+/// A job that keeps a stream busy for about a given time on whatever backend serves it: a
+/// program of square f32 matmuls whose size is measured on the server under test. A fixed
+/// workload cannot do this: what takes the CPU backend two seconds an H100 finishes in a few
+/// milliseconds, and the tests that need work to wait behind other work then see none wait.
+class SlowWork {
+ public:
+  /// Measures on `client`'s tenant, growing the operand until `steps` (at most 256) of them
+  /// last `duration`; the operands (2 n² f32) stay within `max_bytes` of the tenant's memory.
+  static absl::StatusOr<SlowWork> Calibrate(Client& client, absl::Duration duration,
+                                            uint64_t max_bytes) {
+    const int64_t max_n = std::max<int64_t>(
+        64, static_cast<int64_t>(std::sqrt(static_cast<double>(max_bytes) / 8)) / 64 * 64);
+    int64_t n = 128;
+    int jobs = 0;
+    for (int round = 0;; ++round) {
+      absl::StatusOr<SlowWork> work = ForTenant(client, n, 8);
+      if (!work.ok()) return work.status();
+      jobs += 2;
+      work->calibration_jobs_ = jobs;
+      absl::StatusOr<absl::Duration> per_step = work->TimeSteps(client);
+      if (!per_step.ok()) return per_step.status();
+      const double wanted = absl::ToDoubleSeconds(duration) / kMaxSteps;
+      const double measured = std::max(absl::ToDoubleSeconds(*per_step), 1e-7);
+      if (measured >= wanted || n >= max_n || round == 6) {
+        work->steps_ = static_cast<int>(std::clamp<double>(
+            std::ceil(absl::ToDoubleSeconds(duration) / measured), 1, kMaxSteps));
+        work->per_step_ = *per_step;
+        std::printf("slow work for %s: %s\n", absl::FormatDuration(duration).c_str(),
+                    work->Describe().c_str());
+        return work;
+      }
+      work->Release(client);
+      // A step's time grows as n³ once the fixed cost of a call is small beside it; grow by
+      // at most 4x a round, since that cost hides how much faster the device really is.
+      const double growth = std::clamp(std::cbrt(wanted / measured), 1.25, 4.0);
+      n = std::min(max_n, (static_cast<int64_t>(static_cast<double>(n) * growth) + 63) / 64 * 64);
+    }
+  }
+
+  /// The same work for another tenant: operands of its own, `n` and `steps` as measured.
+  static absl::StatusOr<SlowWork> ForTenant(Client& client, int64_t n, int steps) {
+    v1::TensorSpec spec;
+    spec.set_dtype(v1::DTYPE_F32);
+    spec.add_shape(n);
+    spec.add_shape(n);
+    SlowWork work;
+    work.n_ = n;
+    work.steps_ = steps;
+    absl::StatusOr<v1::TensorInfo> a = client.CreateTensor(spec);
+    if (!a.ok()) return a.status();
+    work.a_ = a->handle();
+    absl::StatusOr<v1::TensorInfo> out = client.CreateTensor(spec);
+    if (!out.ok()) return out.status();
+    work.out_ = out->handle();
+    return work;
+  }
+
+  /// The program: `steps` times out = a @ a.
+  v1::SubmitRequest Program(uint32_t stream = 0, bool wait = false) const {
+    v1::SubmitRequest request;
+    request.set_stream(stream);
+    request.set_wait(wait);
+    for (int i = 0; i < steps_; ++i) {
+      v1::ProgramStep* step = request.add_steps();
+      step->set_kernel("matmul");
+      step->add_inputs()->set_handle(a_);
+      step->add_inputs()->set_handle(a_);
+      step->add_outputs()->set_handle(out_);
+    }
+    return request;
+  }
+
+  void Release(Client& client) const {
+    (void)client.DeleteTensor(a_);
+    (void)client.DeleteTensor(out_);
+  }
+
+  int64_t n() const { return n_; }
+  int steps() const { return steps_; }
+  const std::string& operand() const { return a_; }
+  /// The jobs that Calibrate ran on the tenant (all succeeded), for tests that count jobs.
+  uint64_t calibration_jobs() const { return static_cast<uint64_t>(calibration_jobs_); }
+  std::string Describe() const {
+    return absl::StrCat(steps_, " matmuls of ", n_, "x", n_, " f32, ",
+                        absl::FormatDuration(per_step_), " each");
+  }
+
+ private:
+  static constexpr int kMaxSteps = 256;  // a program's steps
+
+  // The time of one step: the program run twice (the first warms up), the second timed.
+  absl::StatusOr<absl::Duration> TimeSteps(Client& client) const {
+    absl::Duration elapsed;
+    for (int i = 0; i < 2; ++i) {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<v1::Job> job = client.Submit(Program(0, /*wait=*/true));
+      if (!job.ok()) return job.status();
+      if (job->state() != v1::JOB_STATE_SUCCEEDED) {
+        return absl::InternalError(absl::StrCat("calibration job: ", job->error_message()));
+      }
+      elapsed = absl::Now() - start;
+    }
+    return elapsed / steps_;
+  }
+
+  std::string a_, out_;
+  int64_t n_ = 0;
+  int steps_ = 0;
+  int calibration_jobs_ = 0;
+  absl::Duration per_step_;
+};
+
+}  // namespace tessera::testing
+
+#endif  // TESSERA_TESTS_TESTING_SLOW_WORK_H_
