@@ -560,5 +560,70 @@ TEST_F(FakeCudaTest, TheServerServesOnTheFakeGpuEndToEnd) {
   EXPECT_THAT((*server)->output(), Not(HasSubstr("fake libcuda: leak")));
 }
 
+// A fault that CUDA makes fatal to the process (an illegal address): the job fails saying
+// the server restarts, the server exits 75 by itself (for systemd's Restart=on-failure or the
+// kubelet), and a restarted server has every tenant back.
+TEST_F(FakeCudaTest, AFatalGpuFaultEndsTheServerWhichComesBackWithItsTenants) {
+  testing::TempDir dir;
+  testing::ServerProcess::Options options{.state_dir = dir.File("var"),
+                                          .args = {"--backend=cuda", "--log_level=warn"}};
+  options.env["TESSERA_FAKE_CUDA_FAULT_KERNEL"] = "tessera_unary_f32";
+  auto server = testing::ServerProcess::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto admin = Client::Connect({.address = (*server)->address(),
+                                .token = (*server)->AdminToken(),
+                                .timeout = absl::Seconds(20)});
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  v1::RegisterTenantRequest request;
+  request.set_tenant_id("doomed");
+  request.mutable_quota()->set_device_memory_bytes(1ull << 30);
+  auto registered = (*admin)->RegisterTenant(request);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  auto tenant = Client::Connect({.address = (*server)->address(),
+                                 .token = registered->api_key(),
+                                 .timeout = absl::Seconds(20)});
+  ASSERT_TRUE(tenant.ok());
+  v1::TensorSpec spec;
+  spec.set_dtype(v1::DTYPE_F32);
+  spec.add_shape(4);
+  auto x = (*tenant)->CreateTensor(spec);
+  ASSERT_TRUE(x.ok()) << x.status();
+  v1::LaunchRequest launch;
+  launch.set_kernel("neg");
+  launch.add_inputs(x->handle());
+  launch.set_wait(true);
+  auto job = (*tenant)->Launch(launch);
+  // The job fails (or, if the server is already going, the call does), saying why.
+  if (job.ok()) {
+    EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED) << job->DebugString();
+    EXPECT_EQ(job->error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+    EXPECT_THAT(job->error_message(), HasSubstr("the server restarts"));
+  } else {
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kUnavailable) << job.status();
+  }
+  auto exited = (*server)->WaitForExit(absl::Seconds(30));
+  ASSERT_TRUE(exited.ok()) << exited.status() << (*server)->output();
+  EXPECT_EQ(*exited, 75) << (*server)->output();
+  EXPECT_THAT((*server)->output(), HasSubstr("fatal fault on GPU 0 (CUDA_ERROR_ILLEGAL_ADDRESS)"));
+
+  // The supervisor's restart: the tenant is there and its work runs.
+  options.env.erase("TESSERA_FAKE_CUDA_FAULT_KERNEL");
+  auto again = testing::ServerProcess::Start(options);
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto back = Client::Connect({.address = (*again)->address(),
+                               .token = registered->api_key(),
+                               .timeout = absl::Seconds(20)});
+  ASSERT_TRUE(back.ok());
+  auto y = (*back)->CreateTensor(spec);
+  ASSERT_TRUE(y.ok()) << y.status();
+  launch.set_inputs(0, y->handle());
+  auto rerun = (*back)->Launch(launch);
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_EQ(rerun->state(), v1::JOB_STATE_SUCCEEDED) << rerun->DebugString();
+  auto stopped = (*again)->Stop(SIGTERM);
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(*stopped, 0) << (*again)->output();
+}
+
 }  // namespace
 }  // namespace tessera

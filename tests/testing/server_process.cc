@@ -202,6 +202,20 @@ absl::StatusOr<int> ServerProcess::Stop(int signal, absl::Duration timeout) {
   return *code;
 }
 
+absl::StatusOr<int> ServerProcess::WaitForExit(absl::Duration timeout) {
+  if (exited_) return absl::FailedPreconditionError("already stopped");
+  std::optional<int> code = WaitUntil(pid_, absl::Now() + timeout);
+  if (!code.has_value()) {
+    kill(pid_, SIGKILL);
+    WaitUntil(pid_, absl::Now() + absl::Seconds(10));
+    exited_ = true;
+    return absl::DeadlineExceededError(
+        absl::StrCat("tessera-server was still running after ", absl::FormatDuration(timeout)));
+  }
+  exited_ = true;
+  return *code;
+}
+
 std::string ServerProcess::output() const {
   absl::MutexLock lock(&mu_);
   return output_;

@@ -53,6 +53,9 @@ class ServerProcess {
 
   /// Sends `signal` and waits for the exit; returns the exit code (128+N when killed by N).
   absl::StatusOr<int> Stop(int signal, absl::Duration timeout = absl::Seconds(30));
+  /// Waits for the process to exit on its own; returns the exit code (128+N when killed by
+  /// N). DEADLINE_EXCEEDED (and the process killed) when it is still running after `timeout`.
+  absl::StatusOr<int> WaitForExit(absl::Duration timeout);
   /// Everything the process printed so far.
   std::string output() const ABSL_LOCKS_EXCLUDED(mu_);
   /// Waits until the output contains `text`.

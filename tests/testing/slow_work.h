@@ -33,7 +33,7 @@ class SlowWork {
     for (int round = 0;; ++round) {
       absl::StatusOr<SlowWork> work = ForTenant(client, n, 8);
       if (!work.ok()) return work.status();
-      jobs += 2;
+      jobs += 2 * (1 + kRuns);
       work->calibration_jobs_ = jobs;
       absl::StatusOr<absl::Duration> per_step = work->TimeSteps(client);
       if (!per_step.ok()) return per_step.status();
@@ -105,20 +105,33 @@ class SlowWork {
 
  private:
   static constexpr int kMaxSteps = 256;  // a program's steps
+  static constexpr int kRuns = 3;        // timed runs of each program
 
-  // The time of one step: the program run twice (the first warms up), the second timed.
-  absl::StatusOr<absl::Duration> TimeSteps(Client& client) const {
-    absl::Duration elapsed;
-    for (int i = 0; i < 2; ++i) {
-      const absl::Time start = absl::Now();
-      absl::StatusOr<v1::Job> job = client.Submit(Program(0, /*wait=*/true));
-      if (!job.ok()) return job.status();
-      if (job->state() != v1::JOB_STATE_SUCCEEDED) {
-        return absl::InternalError(absl::StrCat("calibration job: ", job->error_message()));
+  // The time of one step, without the call's own cost (a round trip that dwarfs a small
+  // matmul on a GPU): a program of 2k steps against one of k, each the fastest of three runs
+  // after a warm-up (a busy machine only ever makes a run slower).
+  absl::StatusOr<absl::Duration> TimeSteps(Client& client) {
+    auto run = [&](int steps) -> absl::StatusOr<absl::Duration> {
+      steps_ = steps;
+      absl::Duration fastest = absl::InfiniteDuration();
+      for (int i = 0; i < 1 + kRuns; ++i) {
+        const absl::Time start = absl::Now();
+        absl::StatusOr<v1::Job> job = client.Submit(Program(0, /*wait=*/true));
+        if (!job.ok()) return job.status();
+        if (job->state() != v1::JOB_STATE_SUCCEEDED) {
+          return absl::InternalError(absl::StrCat("calibration job: ", job->error_message()));
+        }
+        if (i > 0) fastest = std::min(fastest, absl::Now() - start);
       }
-      elapsed = absl::Now() - start;
-    }
-    return elapsed / steps_;
+      return fastest;
+    };
+    const int k = steps_;
+    absl::StatusOr<absl::Duration> few = run(k);
+    if (!few.ok()) return few.status();
+    absl::StatusOr<absl::Duration> more = run(2 * k);
+    if (!more.ok()) return more.status();
+    steps_ = k;
+    return std::max(*more - *few, absl::ZeroDuration()) / k;
   }
 
   std::string a_, out_;

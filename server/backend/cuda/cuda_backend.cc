@@ -413,6 +413,9 @@ class CudaContext final : public TenantContext {
     if (inc->sms <= 0) inc->sms = gpu.sms;
     {
       ScopedContext scoped(driver_, inc->context);
+      // Every catalog kernel now, while the context is idle: loaded lazily at a first launch,
+      // one could wait for the tenant's queued work under mu_ (KernelTable).
+      RETURN_IF_ERROR(backend_->kernels_->LoadIntoCurrentContext());
       int least = 0, greatest = 0;
       driver_.cuCtxGetStreamPriorityRange(&least, &greatest);
       const int priority = request_.quota.priority == Priority::kLow ? least : greatest;
@@ -653,7 +656,7 @@ class CudaContext final : public TenantContext {
       it->second.last_use = ++inc.user_clock;
       user = it->second.function;
     }
-    LaunchTarget target{&driver_, backend_->kernels_.get(), s, inc.blas.get(), inc.sms, user};
+    LaunchTarget target{&driver_, backend_->kernels_.get(), s, &inc.blas, inc.sms, user};
     absl::Status status = RunStep(target, step.plan, in, out);
     if (!status.ok()) {
       // A launch error that is sticky faults the context like an asynchronous one.

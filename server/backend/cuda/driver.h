@@ -54,6 +54,7 @@ namespace tessera::cuda {
   X(cuLibraryLoadData)           \
   X(cuLibraryUnload)             \
   X(cuLibraryGetKernel)          \
+  X(cuKernelGetFunction)         \
   X(cuModuleLoadData)            \
   X(cuModuleUnload)              \
   X(cuModuleGetFunction)         \

@@ -11,6 +11,7 @@
 #include "kernels/expr/user_kernel.h"
 #include "kernels/geometry.h"
 #include "server/backend/cuda/ops.h"
+#include "server/backend/cuda/resources.h"
 
 // The fatbins nvcc built from kernels/cuda/*.cu, embedded by fatbins.S.
 extern "C" {
@@ -180,9 +181,10 @@ absl::Status Matmul(Launcher& l, const LaunchTarget& t, const Plan& p, CUdevicep
     return l.Launch(EntryPointOf(CudaLauncher::kMatmul, dtype), GridFor(n, t.sms), kBlock,
                     static_cast<int>(tc::kScale), n, y, y, beta, 0.0);
   }
-  if (t.blas == nullptr) return absl::InternalError("matmul: the tenant has no cuBLAS handle");
-  if (absl::Status s = BlasCheck(cublasSetStream(t.blas, t.stream), "binding cuBLAS to the stream");
-      !s.ok()) {
+  if (t.blas == nullptr || !*t.blas) {
+    return absl::InternalError("matmul: the tenant has no cuBLAS handle");
+  }
+  if (absl::Status s = BlasCheck(t.blas->Bind(t.stream), "binding cuBLAS to the stream"); !s.ok()) {
     return s;
   }
   cudaDataType type = CUDA_R_32F;
@@ -212,7 +214,7 @@ absl::Status Matmul(Launcher& l, const LaunchTarget& t, const Plan& p, CUdevicep
   auto gemm = [&](int64_t a_off, int64_t b_off, int64_t y_off, int64_t stride_a, int64_t stride_b,
                   int64_t count) {
     return BlasCheck(cublasGemmStridedBatchedEx_64(
-                         t.blas, op_b, op_a, g.n, g.m, g.k, alpha_p,
+                         t.blas->get(), op_b, op_a, g.n, g.m, g.k, alpha_p,
                          reinterpret_cast<const void*>(b + b_off * esize), type, g.ldb, stride_b,
                          reinterpret_cast<const void*>(a + a_off * esize), type, g.lda, stride_a,
                          beta_p, reinterpret_cast<void*>(y + y_off * esize), type, g.n, g.m * g.n,
@@ -283,6 +285,16 @@ absl::StatusOr<std::unique_ptr<KernelTable>> KernelTable::Load(const Driver& dri
 
 KernelTable::~KernelTable() {
   for (CUlibrary library : libraries_) driver_.cuLibraryUnload(library);
+}
+
+absl::Status KernelTable::LoadIntoCurrentContext() const {
+  for (const auto& [name, kernel] : kernels_) {
+    CUfunction function = nullptr;
+    absl::Status loaded = driver_.Check(driver_.cuKernelGetFunction(&function, kernel),
+                                        absl::StrCat("loading kernel ", name, " into the context"));
+    if (!loaded.ok()) return loaded;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CUkernel> KernelTable::Find(const std::string& name) const {

@@ -17,6 +17,8 @@
 
 namespace tessera::cuda {
 
+class BlasHandle;
+
 /// The kernel libraries embedded in this module, loaded once per process with
 /// context-independent loading (cuLibraryLoadData); each kernel resolves in whichever
 /// context is current at launch. Immutable after Load; thread-safe.
@@ -27,6 +29,12 @@ class KernelTable {
 
   /// NOT_FOUND naming the kernel (a build without it is a bug).
   absl::StatusOr<CUkernel> Find(const std::string& name) const;
+  /// Loads every kernel into the current context (cuKernelGetFunction). The driver loads a
+  /// library's kernels lazily, at a context's first launch of each, and that load may wait
+  /// for the context's queued work (NVIDIA's lazy-loading notes; seen on an H100: a tenant's
+  /// first element-wise launch behind its 2 s program blocked for 1.9 s, holding the
+  /// context's lock and the caller's thread). Done once per context, while it is idle.
+  absl::Status LoadIntoCurrentContext() const;
   size_t size() const { return kernels_.size(); }
 
  private:
@@ -41,8 +49,8 @@ struct LaunchTarget {
   const Driver* driver = nullptr;
   const KernelTable* kernels = nullptr;
   CUstream stream = nullptr;
-  /// The tenant's cuBLAS handle (bound to `stream` by RunStep), for matmul.
-  cublasHandle_t blas = nullptr;
+  /// The tenant's cuBLAS handle with its workspace (bound to `stream` here), for matmul.
+  const BlasHandle* blas = nullptr;
   /// SMs the context may use, for grid sizing.
   int sms = 1;
   /// For a tenant-defined kernel (Op::kUser): its entry point, loaded in the context.

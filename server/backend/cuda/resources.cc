@@ -20,9 +20,16 @@ cublasStatus_t BlasHandle::Create(const Driver& driver, uint64_t workspace_bytes
     return CUBLAS_STATUS_ALLOC_FAILED;
   }
   workspace_ = DeviceMemory(driver, memory);
+  workspace_bytes_ = workspace_bytes;
   status = cublasSetWorkspace(handle_, reinterpret_cast<void*>(memory), workspace_bytes);
   if (status != CUBLAS_STATUS_SUCCESS) Reset();
   return status;
+}
+
+cublasStatus_t BlasHandle::Bind(CUstream stream) const {
+  cublasStatus_t status = cublasSetStream(handle_, stream);
+  if (status != CUBLAS_STATUS_SUCCESS) return status;
+  return cublasSetWorkspace(handle_, reinterpret_cast<void*>(workspace_.get()), workspace_bytes_);
 }
 
 void BlasHandle::Reset() {

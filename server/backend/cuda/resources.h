@@ -89,11 +89,15 @@ class BlasHandle {
   cublasStatus_t Create(const Driver& driver, uint64_t workspace_bytes, CUresult& driver_error);
   cublasHandle_t get() const { return handle_; }
   explicit operator bool() const { return handle_ != nullptr; }
+  /// Binds the handle to `stream` with our workspace again: cublasSetStream resets the
+  /// workspace to cuBLAS's default pool (its documentation), memory not charged to anyone.
+  cublasStatus_t Bind(CUstream stream) const;
   void Reset();
 
  private:
   cublasHandle_t handle_ = nullptr;
   DeviceMemory workspace_;
+  uint64_t workspace_bytes_ = 0;
 };
 
 /// One creation of a tenant's CUDA context. A sticky fault retires it (`lost`) and the tenant

@@ -317,6 +317,12 @@ cublasStatus_t GemmBatched(cublasHandle_t handle, cublasOperation_t ta, cublasOp
     Misuse("%s on the legacy default stream (the backend sets its own with cublasSetStream)", call);
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
+  if (handle->workspace == nullptr) {
+    // Legal for cuBLAS, but then it takes memory of its own that the tenant is not charged
+    // for: the backend gives every handle a workspace (after each cublasSetStream).
+    Misuse("%s with cuBLAS's default workspace (cublasSetWorkspace after cublasSetStream)", call);
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
   CUcontext stream_context = nullptr;
   if (tessera_fake_cuda_stream_context(handle->stream, &stream_context) != CUDA_SUCCESS ||
       stream_context != handle->context) {
@@ -398,6 +404,10 @@ FAKE_EXPORT cublasStatus_t cublasGetVersion_v2(cublasHandle_t handle, int* versi
 FAKE_EXPORT cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
   if (!Known(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
   handle->stream = reinterpret_cast<CUstream>(stream);
+  // cuBLAS's documentation: cublasSetStream "unconditionally resets the cuBLAS library
+  // workspace back to the default workspace pool".
+  handle->workspace = nullptr;
+  handle->workspace_bytes = 0;
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -58,6 +58,8 @@
 //                               device separated by commas ("8.0,9.0")
 //   TESSERA_FAKE_CUDA_GREEN     "1" green contexts (default), "0" no green entry points,
 //                               "fail" entry points present but creation fails
+//   TESSERA_FAKE_CUDA_FAULT_KERNEL  a kernel name: each launch of it ends in an illegal
+//                               address instead of running (a server-level fault for tests)
 // MPS: the driver joins a control daemon when CUDA_MPS_PIPE_DIRECTORY (default
 // /tmp/nvidia-mps) holds a live daemon's pid file, as the fake daemon in
 // tests/testing/fake_mps writes. Then contexts take an execution-affinity SM count (rounded
@@ -174,6 +176,7 @@ struct Global {
   bool initialized = false;
   bool mps = false;
   std::string green = "1";
+  std::string fault_kernel;  // TESSERA_FAKE_CUDA_FAULT_KERNEL
   std::vector<Device> devices;
   std::map<uintptr_t, Allocation> allocations;  // device memory by start address
   std::set<CUctx_st*> contexts;                 // live ones
@@ -207,6 +210,8 @@ struct CUctx_st {
   std::atomic<int> sticky{CUDA_SUCCESS};
   bool counted_fault = false;  // guarded by G().mu
   std::vector<CUstream_st*> streams;
+  // Library kernels loaded into this context (guarded by G().mu): see Fake_cuLaunchKernel.
+  std::set<const void*> loaded_kernels;
 };
 
 struct CUgreenCtx_st {
@@ -552,6 +557,8 @@ CUresult Fake_cuInit(unsigned int flags) {
   }
   const char* green = std::getenv("TESSERA_FAKE_CUDA_GREEN");
   g.green = green == nullptr || *green == '\0' ? "1" : green;
+  const char* fault_kernel = std::getenv("TESSERA_FAKE_CUDA_FAULT_KERNEL");
+  g.fault_kernel = fault_kernel == nullptr ? "" : fault_kernel;
   // The real driver decides once per process; the fake decides again on a cuInit with no
   // context alive, so that in-process tests can each bring their own daemon (or none).
   g.mps = MpsDaemonAlive();
@@ -1198,6 +1205,20 @@ CUresult Fake_cuLibraryUnload(CUlibrary library) {
   return CUDA_SUCCESS;
 }
 
+// Loads a library kernel into the current context, as the real driver does here or at the
+// context's first launch of it (lazy loading, CUDA 12.2 and later).
+CUresult Fake_cuKernelGetFunction(CUfunction* function, CUkernel kernel) {
+  if (function == nullptr || kernel == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuKernelGetFunction", &c); r != CUDA_SUCCESS) return r;
+  {
+    std::lock_guard<std::mutex> lock(G().mu);
+    c->loaded_kernels.insert(kernel);
+  }
+  *function = reinterpret_cast<CUfunction>(kernel);
+  return CUDA_SUCCESS;
+}
+
 CUresult Fake_cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* name) {
   if (kernel == nullptr || library == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   // Present when the image's symbol tables name it (the fatbins are not compressed).
@@ -1344,6 +1365,35 @@ CUresult Fake_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, uns
   }
   CUctx_st* context = stream->context;
   const dim3 grid(gx, gy, gz), block(bx, by, bz);
+  // A library kernel not yet loaded into this context is loaded now, and, as NVIDIA's notes
+  // on lazy loading warn and an H100 showed (1.9 s behind a tenant's long program), the load
+  // waits for the work already queued in the context: every one of its streams.
+  if (reinterpret_cast<CUkern_st*>(f)->module == nullptr) {
+    bool loaded = false;
+    std::vector<CUstream_st*> streams;
+    {
+      std::lock_guard<std::mutex> lock(G().mu);
+      loaded = !context->loaded_kernels.insert(f).second;
+      streams = context->streams;
+    }
+    if (!loaded) {
+      for (CUstream_st* other : streams) {
+        std::unique_lock<std::mutex> lock(other->mu);
+        other->cv.wait(lock, [&] {
+          return (other->ops.empty() && !other->running) ||
+                 context->sticky.load() != CUDA_SUCCESS || other->stop;
+        });
+      }
+    }
+  }
+  if (!G().fault_kernel.empty() && G().fault_kernel == name) {
+    stream->Enqueue([name] {
+      DeviceError(std::string("kernel ") + name +
+                  ": illegal address (TESSERA_FAKE_CUDA_FAULT_KERNEL)");
+      return CUDA_ERROR_ILLEGAL_ADDRESS;
+    });
+    return CUDA_SUCCESS;
+  }
   stream->Enqueue([kernel, launch, context, grid, block] {
     std::vector<tf::DeviceRange> memory;
     {
@@ -1472,6 +1522,7 @@ const std::vector<Entry>& Entries() {
       FAKE_ENTRY(cuLibraryLoadData),
       FAKE_ENTRY(cuLibraryUnload),
       FAKE_ENTRY(cuLibraryGetKernel),
+      FAKE_ENTRY(cuKernelGetFunction),
       FAKE_ENTRY(cuModuleLoadData),
       FAKE_ENTRY(cuModuleUnload),
       FAKE_ENTRY(cuModuleGetFunction),
