@@ -497,14 +497,18 @@ TEST_F(FakeCudaTest, AnInPlaceLaunchThatCannotAliasIsStagedThroughATemporary) {
 
 // ---- a real server process on the fake GPU --------------------------------------------------
 
+absl::StatusOr<std::unique_ptr<Client>> ConnectTo(const testing::ServerProcess& server,
+                                                  const std::string& token) {
+  return Client::Connect(
+      {.address = server.address(), .token = token, .timeout = absl::Seconds(20)});
+}
+
 TEST_F(FakeCudaTest, TheServerServesOnTheFakeGpuEndToEnd) {
   testing::TempDir dir;
   auto server = testing::ServerProcess::Start(
       {.state_dir = dir.File("var"), .args = {"--backend=cuda", "--log_level=warn"}});
   ASSERT_TRUE(server.ok()) << server.status();
-  auto admin = Client::Connect({.address = (*server)->address(),
-                                .token = (*server)->AdminToken(),
-                                .timeout = absl::Seconds(20)});
+  auto admin = ConnectTo(**server, (*server)->AdminToken());
   ASSERT_TRUE(admin.ok()) << admin.status();
   auto info = (*admin)->GetServerInfo();
   ASSERT_TRUE(info.ok()) << info.status();
@@ -523,9 +527,7 @@ TEST_F(FakeCudaTest, TheServerServesOnTheFakeGpuEndToEnd) {
   EXPECT_TRUE(registered->tenant().context().compute_share_enforced());
   EXPECT_THAT(registered->tenant().context().reason(), HasSubstr("granted 40 SMs"));
 
-  auto tenant = Client::Connect({.address = (*server)->address(),
-                                 .token = registered->api_key(),
-                                 .timeout = absl::Seconds(20)});
+  auto tenant = ConnectTo(**server, registered->api_key());
   ASSERT_TRUE(tenant.ok());
   v1::TensorSpec spec;
   spec.set_dtype(v1::DTYPE_F32);
@@ -570,18 +572,14 @@ TEST_F(FakeCudaTest, AFatalGpuFaultEndsTheServerWhichComesBackWithItsTenants) {
   options.env["TESSERA_FAKE_CUDA_FAULT_KERNEL"] = "tessera_unary_f32";
   auto server = testing::ServerProcess::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
-  auto admin = Client::Connect({.address = (*server)->address(),
-                                .token = (*server)->AdminToken(),
-                                .timeout = absl::Seconds(20)});
+  auto admin = ConnectTo(**server, (*server)->AdminToken());
   ASSERT_TRUE(admin.ok()) << admin.status();
   v1::RegisterTenantRequest request;
   request.set_tenant_id("doomed");
   request.mutable_quota()->set_device_memory_bytes(1ull << 30);
   auto registered = (*admin)->RegisterTenant(request);
   ASSERT_TRUE(registered.ok()) << registered.status();
-  auto tenant = Client::Connect({.address = (*server)->address(),
-                                 .token = registered->api_key(),
-                                 .timeout = absl::Seconds(20)});
+  auto tenant = ConnectTo(**server, registered->api_key());
   ASSERT_TRUE(tenant.ok());
   v1::TensorSpec spec;
   spec.set_dtype(v1::DTYPE_F32);
@@ -610,9 +608,7 @@ TEST_F(FakeCudaTest, AFatalGpuFaultEndsTheServerWhichComesBackWithItsTenants) {
   options.env.erase("TESSERA_FAKE_CUDA_FAULT_KERNEL");
   auto again = testing::ServerProcess::Start(options);
   ASSERT_TRUE(again.ok()) << again.status();
-  auto back = Client::Connect({.address = (*again)->address(),
-                               .token = registered->api_key(),
-                               .timeout = absl::Seconds(20)});
+  auto back = ConnectTo(**again, registered->api_key());
   ASSERT_TRUE(back.ok());
   auto y = (*back)->CreateTensor(spec);
   ASSERT_TRUE(y.ok()) << y.status();

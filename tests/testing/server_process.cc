@@ -190,16 +190,7 @@ std::string ServerProcess::AdminToken() const {
 absl::StatusOr<int> ServerProcess::Stop(int signal, absl::Duration timeout) {
   if (exited_) return absl::FailedPreconditionError("already stopped");
   kill(pid_, signal);
-  std::optional<int> code = WaitUntil(pid_, absl::Now() + timeout);
-  if (!code.has_value()) {
-    kill(pid_, SIGKILL);
-    WaitUntil(pid_, absl::Now() + absl::Seconds(10));
-    exited_ = true;
-    return absl::DeadlineExceededError(
-        absl::StrCat("tessera-server did not exit within ", absl::FormatDuration(timeout)));
-  }
-  exited_ = true;
-  return *code;
+  return WaitForExit(timeout);
 }
 
 absl::StatusOr<int> ServerProcess::WaitForExit(absl::Duration timeout) {
@@ -210,7 +201,7 @@ absl::StatusOr<int> ServerProcess::WaitForExit(absl::Duration timeout) {
     WaitUntil(pid_, absl::Now() + absl::Seconds(10));
     exited_ = true;
     return absl::DeadlineExceededError(
-        absl::StrCat("tessera-server was still running after ", absl::FormatDuration(timeout)));
+        absl::StrCat("tessera-server did not exit within ", absl::FormatDuration(timeout)));
   }
   exited_ = true;
   return *code;
