@@ -262,6 +262,29 @@ TEST_F(FakeCudaTest, AnMpsFaultReachesEveryTenantAndStopsTheBackendForARestart) 
   EXPECT_EQ(calls, 1);
 }
 
+// A fatal fault whose context is destroyed before the completion thread sees it (the tenant
+// deregistered while its job ran) still stops the backend: the error reaches the backend
+// from wherever the driver returned it.
+TEST_F(FakeCudaTest, AFatalFaultInAContextThatIsGoneStillStopsTheBackend) {
+  Backend& cuda = Cuda("auto", {{"TESSERA_FAKE_CUDA_FAULT_KERNEL", "tessera_fill"}});
+  unsetenv("TESSERA_FAKE_CUDA_FAULT_KERNEL");  // read by cuInit, above; not by later tests
+  absl::Notification stopped;
+  cuda.SetFatalHandler([&](const absl::Status&) { stopped.Notify(); });
+  auto doomed = Context("doomed", 100, 1);
+  ASSERT_NE(doomed, nullptr);
+  auto buffer = *doomed->Allocate(4096);
+  auto fill = *kernels::Registry::Global().Prepare(
+      "fill", {}, {{"value", 1.0}, {"shape", std::vector<int64_t>{1024}}});
+  absl::Notification done;
+  doomed->Enqueue(0, {Step{fill, {}, {buffer}}}, [&](ExecResult) { done.Notify(); });
+  buffer.reset();
+  doomed.reset();  // at once: the context finds the fault itself as it goes
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(stopped.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  auto refused = cuda.CreateContext({"newcomer", testing::TestQuota(50, 1), 0});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+}
+
 // ---- nothing left behind -----------------------------------------------------------------
 
 // A tenant whose context goes gives back everything it held on the device while the backend

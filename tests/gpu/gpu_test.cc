@@ -233,6 +233,40 @@ TEST_F(GpuTest, EnqueuingALongProgramDoesNotWaitForTheDevice) {
   EXPECT_LT(first_kernel, job / 4);
 }
 
+// Matmuls on two streams of one tenant at once: each stream has a cuBLAS workspace of its
+// own (one shared workspace would be scratch memory two GEMMs write at the same time).
+TEST_F(GpuTest, MatmulsOnTwoStreamsAtOnceAreBothRight) {
+  Runner r = Gpu(100, 2);
+  ASSERT_NE(r.context, nullptr);
+  const kernels::Registry& reg = kernels::Registry::Global();
+  const int64_t n = 512;
+  auto fill = reg.Prepare("fill", {}, {{"value", 1.0}, {"shape", std::vector<int64_t>{n, n}}});
+  auto plan = reg.Prepare("matmul", {{DType::kF32, {n, n}}, {DType::kF32, {n, n}}}, {});
+  ASSERT_TRUE(fill.ok() && plan.ok());
+  const uint64_t bytes = static_cast<uint64_t>(n * n) * 4;
+  auto a = *r.context->Allocate(bytes);
+  ASSERT_TRUE(r.Wait(0, {Step{*fill, {}, {a}}}).ok());
+  std::vector<std::shared_ptr<DeviceBuffer>> outputs;
+  std::vector<absl::Notification> done(2);
+  std::vector<absl::Status> status(2);
+  for (int stream = 0; stream < 2; ++stream) {
+    outputs.push_back(*r.context->Allocate(bytes));
+    r.context->Enqueue(stream, std::vector<Step>(8, Step{*plan, {a, a}, {outputs.back()}}),
+                       [&, stream](ExecResult e) {
+                         status[stream] = e.status;
+                         done[stream].Notify();
+                       });
+  }
+  for (int stream = 0; stream < 2; ++stream) {
+    ASSERT_TRUE(done[stream].WaitForNotificationWithTimeout(absl::Seconds(60)));
+    ASSERT_TRUE(status[stream].ok()) << status[stream];
+    std::vector<float> y(static_cast<size_t>(n * n));
+    ASSERT_TRUE(r.context->CopyOut(*outputs[stream], 0, y.data(), bytes).ok());
+    EXPECT_EQ(y.front(), static_cast<float>(n));
+    EXPECT_EQ(y.back(), static_cast<float>(n));
+  }
+}
+
 TEST_F(GpuTest, LargeTransfersRoundTripThroughPinnedStaging) {
   Runner r = Gpu();
   ASSERT_NE(r.context, nullptr);

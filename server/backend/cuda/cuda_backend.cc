@@ -283,6 +283,15 @@ class CudaContext final : public TenantContext {
   void FaultWith(CUresult error, std::vector<Finished>& finished) {
     absl::MutexLock lock(&mu_);
     FaultLocked(error, finished);
+    // Jobs waiting for a tenant-defined kernel's image would never run either.
+    const absl::Status fatal = backend_->fatal();
+    if (fatal.ok()) return;
+    for (auto& queue : waiting_) {
+      for (Waiting& w : queue) {
+        finished.push_back({std::move(w.done), ExecResult{fatal, -1}, std::move(w.steps)});
+      }
+      queue.clear();
+    }
   }
 
   absl::Status InjectFault(int stream) {
@@ -637,9 +646,7 @@ class CudaContext final : public TenantContext {
       out.push_back(ptr);
     }
     if (UsesCublas(step.plan) && !inc.blas) {
-      CUresult r = CUDA_SUCCESS;
-      cublasStatus_t created = inc.blas.Create(driver_, kCublasWorkspaceBytes, r);
-      if (r != CUDA_SUCCESS) return Failed(r, "allocating the cuBLAS workspace");
+      cublasStatus_t created = inc.blas.Create(driver_, kCublasWorkspaceBytes);
       if (created != CUBLAS_STATUS_SUCCESS) {
         return absl::ResourceExhaustedError(
             absl::StrCat("creating the tenant's cuBLAS handle: ", cublasGetStatusName(created)));
@@ -1049,6 +1056,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModul
       .compiler = KernelCompiler::DefaultBinary(),
       .limits = KernelCompiler::DefaultLimits(),
       .workers = static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 2u, 4u))});
+  driver->on_process_fatal = [b = backend.get()](CUresult error) { b->ReportProcessFatal(error); };
   backend->driver_ = std::move(driver);
   backend->completer_ = std::thread([b = backend.get()] { b->CompletionLoop(); });
   return backend;
@@ -1102,6 +1110,13 @@ absl::Status CudaBackend::InjectFault(TenantContext& context, int stream) {
 
 void CudaBackend::Wake() {
   absl::MutexLock lock(&wake_mu_);
+  woken_ = true;
+  wake_.Signal();
+}
+
+void CudaBackend::ReportProcessFatal(CUresult error) {
+  absl::MutexLock lock(&wake_mu_);
+  if (reported_fatal_ == CUDA_SUCCESS) reported_fatal_ = error;
   woken_ = true;
   wake_.Signal();
 }
@@ -1162,6 +1177,7 @@ void CudaBackend::CompletionLoop() {
     std::vector<CudaContext::Finished> finished;
     std::vector<int> faulted;
     std::vector<CUresult> errors;
+    CUresult reported = CUDA_SUCCESS;
     {
       absl::MutexLock lock(&wake_mu_);
       if (!woken_ && !stopping_) {
@@ -1169,6 +1185,7 @@ void CudaBackend::CompletionLoop() {
       }
       if (stopping_) return;
       woken_ = false;
+      reported = std::exchange(reported_fatal_, CUDA_SUCCESS);
     }
     busy = false;
     ForEachContext([&](CudaContext& c) {
@@ -1180,10 +1197,13 @@ void CudaBackend::CompletionLoop() {
     });
     CudaContext::Deliver(finished);
     for (size_t i = 0; i < faulted.size(); ++i) OnDeviceFault(faulted[i], errors[i]);
+    // One no remaining context reported (its context was destroyed, or never created).
+    if (reported != CUDA_SUCCESS) OnProcessFatal(-1, reported);
   }
 }
 
 void CudaBackend::OnDeviceFault(int device, CUresult error) {
+  if (!fatal().ok()) return;  // every context has been faulted already
   {
     absl::MutexLock lock(&mps_mu_);
     if (mps_.decision == MpsDecision::kMps || ClassifyCudaError(error).mps_server) {
@@ -1226,7 +1246,8 @@ void CudaBackend::OnProcessFatal(int device, CUresult error) {
     absl::MutexLock lock(&fatal_mu_);
     if (!fatal_.ok()) return;
     fatal_ = absl::UnavailableError(
-        absl::StrCat("the GPU backend stopped after a fatal fault on GPU ", device, " (",
+        absl::StrCat("the GPU backend stopped after a fatal fault",
+                     device >= 0 ? absl::StrCat(" on GPU ", device) : std::string(), " (",
                      driver_->ErrorName(error),
                      "): CUDA cannot continue in this server process (the driver requires it to be "
                      "relaunched); the server restarts, retry once it is back"));

@@ -50,6 +50,10 @@ class CudaBackend final : public Backend {
   absl::Status InjectFault(TenantContext& context, int stream);
   /// Wakes the completion thread; safe from a CUDA host function (takes only wake_mu_).
   void Wake() ABSL_LOCKS_EXCLUDED(wake_mu_);
+  /// A process-fatal error seen anywhere (Driver::on_process_fatal): the completion thread
+  /// stops the backend (OnProcessFatal) even when no context is left to report it. Takes
+  /// only wake_mu_.
+  void ReportProcessFatal(CUresult error) ABSL_LOCKS_EXCLUDED(wake_mu_);
 
  private:
   friend class CudaContext;
@@ -104,6 +108,7 @@ class CudaBackend final : public Backend {
   absl::CondVar wake_;
   bool woken_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(wake_mu_) = false;
+  CUresult reported_fatal_ ABSL_GUARDED_BY(wake_mu_) = CUDA_SUCCESS;
   absl::Mutex mu_ ABSL_ACQUIRED_AFTER(wake_mu_);
   std::set<CudaContext*> contexts_ ABSL_GUARDED_BY(mu_);
   // The context the completion thread is visiting without mu_ (see ForEachContext).

@@ -86,6 +86,9 @@ std::string Driver::ErrorName(CUresult result) const {
 
 absl::Status Driver::Check(CUresult result, absl::string_view what) const {
   if (result == CUDA_SUCCESS) return absl::OkStatus();
+  if (on_process_fatal && ClassifyCudaError(static_cast<int>(result)).process_fatal) {
+    on_process_fatal(result);
+  }
   const char* description = nullptr;
   if (cuGetErrorString == nullptr || cuGetErrorString(result, &description) != CUDA_SUCCESS ||
       description == nullptr) {

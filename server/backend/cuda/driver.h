@@ -4,6 +4,7 @@
 // The CUDA driver API reached at run time: libcuda.so.1 is dlopen'ed and every entry point
 // is fetched with cuGetProcAddress for the CUDA 13 ABI (so cuCtxCreate is the variant that
 // takes CUctxCreateParams). Nothing links against libcuda.
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -83,6 +84,10 @@ struct Driver {
   int version = 0;
   /// Whether every green-context entry point was found.
   bool green_entry_points = false;
+  /// Told of every process-fatal error Check sees (ClassifyCudaError), wherever it surfaces:
+  /// also one seen by a context that is then destroyed, or while creating one. Set once,
+  /// before the driver is shared; must not block (it is called under callers' locks).
+  std::function<void(CUresult)> on_process_fatal;
 
   /// dlopens libcuda.so.1, resolves the entry points and calls cuInit(0). FAILED_PRECONDITION
   /// saying what is missing (no driver, a driver older than CUDA 13, cuInit failing).

@@ -184,9 +184,12 @@ absl::Status Matmul(Launcher& l, const LaunchTarget& t, const Plan& p, CUdevicep
   if (t.blas == nullptr || !*t.blas) {
     return absl::InternalError("matmul: the tenant has no cuBLAS handle");
   }
-  if (absl::Status s = BlasCheck(t.blas->Bind(t.stream), "binding cuBLAS to the stream"); !s.ok()) {
-    return s;
+  CUresult allocated = CUDA_SUCCESS;
+  const cublasStatus_t bound = t.blas->Bind(t.stream, allocated);
+  if (allocated != CUDA_SUCCESS) {
+    return t.driver->Check(allocated, "allocating the stream's cuBLAS workspace");
   }
+  if (absl::Status s = BlasCheck(bound, "binding cuBLAS to the stream"); !s.ok()) return s;
   cudaDataType type = CUDA_R_32F;
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   switch (dtype) {

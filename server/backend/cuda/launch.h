@@ -49,8 +49,8 @@ struct LaunchTarget {
   const Driver* driver = nullptr;
   const KernelTable* kernels = nullptr;
   CUstream stream = nullptr;
-  /// The tenant's cuBLAS handle with its workspace (bound to `stream` here), for matmul.
-  const BlasHandle* blas = nullptr;
+  /// The tenant's cuBLAS handle with its workspaces (bound to `stream` here), for matmul.
+  BlasHandle* blas = nullptr;
   /// SMs the context may use, for grid sizing.
   int sms = 1;
   /// For a tenant-defined kernel (Op::kUser): its entry point, loaded in the context.

@@ -1,41 +1,41 @@
 #include "server/backend/cuda/resources.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "server/backend/cuda/cuda_backend.h"
 
 namespace tessera::cuda {
 
-cublasStatus_t BlasHandle::Create(const Driver& driver, uint64_t workspace_bytes,
-                                  CUresult& driver_error) {
+cublasStatus_t BlasHandle::Create(const Driver& driver, uint64_t workspace_bytes) {
   Reset();
-  driver_error = CUDA_SUCCESS;
-  cublasStatus_t status = cublasCreate(&handle_);
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    handle_ = nullptr;
-    return status;
-  }
-  CUdeviceptr memory = 0;
-  driver_error = driver.cuMemAlloc(&memory, workspace_bytes);
-  if (driver_error != CUDA_SUCCESS) {
-    Reset();
-    return CUBLAS_STATUS_ALLOC_FAILED;
-  }
-  workspace_ = DeviceMemory(driver, memory);
+  driver_ = &driver;
   workspace_bytes_ = workspace_bytes;
-  status = cublasSetWorkspace(handle_, reinterpret_cast<void*>(memory), workspace_bytes);
-  if (status != CUBLAS_STATUS_SUCCESS) Reset();
+  cublasStatus_t status = cublasCreate(&handle_);
+  if (status != CUBLAS_STATUS_SUCCESS) handle_ = nullptr;
   return status;
 }
 
-cublasStatus_t BlasHandle::Bind(CUstream stream) const {
+cublasStatus_t BlasHandle::Bind(CUstream stream, CUresult& driver_error) {
+  driver_error = CUDA_SUCCESS;
+  auto it = std::find_if(workspaces_.begin(), workspaces_.end(),
+                         [&](const auto& w) { return w.first == stream; });
+  if (it == workspaces_.end()) {
+    CUdeviceptr memory = 0;
+    driver_error = driver_->cuMemAlloc(&memory, workspace_bytes_);
+    if (driver_error != CUDA_SUCCESS) return CUBLAS_STATUS_ALLOC_FAILED;
+    workspaces_.emplace_back(stream, DeviceMemory(*driver_, memory));
+    it = std::prev(workspaces_.end());
+  }
   cublasStatus_t status = cublasSetStream(handle_, stream);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
-  return cublasSetWorkspace(handle_, reinterpret_cast<void*>(workspace_.get()), workspace_bytes_);
+  return cublasSetWorkspace(handle_, reinterpret_cast<void*>(it->second.get()), workspace_bytes_);
 }
 
 void BlasHandle::Reset() {
   if (handle_ != nullptr) cublasDestroy(handle_);
   handle_ = nullptr;
-  workspace_.Reset();
+  workspaces_.clear();
 }
 
 void Incarnation::Destroy() {

@@ -76,8 +76,9 @@ struct UserModule {
   uint64_t last_use = 0;
 };
 
-/// A cuBLAS handle bound to the context current when it was created, with the workspace we
-/// give it (so its size is known and charged to the tenant).
+/// A cuBLAS handle bound to the context current when it was created, with a workspace of
+/// ours per stream it runs on (so its size is known and charged to the tenant, and two
+/// streams' GEMMs never share scratch memory on the device at once).
 class BlasHandle {
  public:
   BlasHandle() = default;
@@ -85,19 +86,23 @@ class BlasHandle {
   BlasHandle& operator=(const BlasHandle&) = delete;
   ~BlasHandle() { Reset(); }
 
-  /// Creates the handle and its workspace of `workspace_bytes` in the current context.
-  cublasStatus_t Create(const Driver& driver, uint64_t workspace_bytes, CUresult& driver_error);
+  /// Creates the handle in the current context; each stream's workspace, of
+  /// `workspace_bytes`, is allocated at its first Bind.
+  cublasStatus_t Create(const Driver& driver, uint64_t workspace_bytes);
   cublasHandle_t get() const { return handle_; }
   explicit operator bool() const { return handle_ != nullptr; }
-  /// Binds the handle to `stream` with our workspace again: cublasSetStream resets the
-  /// workspace to cuBLAS's default pool (its documentation), memory not charged to anyone.
-  cublasStatus_t Bind(CUstream stream) const;
+  /// Binds the handle to `stream` and to that stream's workspace (allocated now the first
+  /// time, in the current context; a failure is `driver_error`). Again before every call:
+  /// cublasSetStream resets the workspace to cuBLAS's own pool (its documentation), memory
+  /// nobody is charged for.
+  cublasStatus_t Bind(CUstream stream, CUresult& driver_error);
   void Reset();
 
  private:
+  const Driver* driver_ = nullptr;
   cublasHandle_t handle_ = nullptr;
-  DeviceMemory workspace_;
   uint64_t workspace_bytes_ = 0;
+  std::vector<std::pair<CUstream, DeviceMemory>> workspaces_;
 };
 
 /// One creation of a tenant's CUDA context. A sticky fault retires it (`lost`) and the tenant

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -47,6 +48,9 @@ struct cublasContext {
   CUstream stream = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // The stream each workspace was set for: one workspace on two streams would be scratch
+  // memory two concurrent GEMMs write at once.
+  std::map<void*, CUstream> workspace_streams;
   cublasMath_t math = CUBLAS_DEFAULT_MATH;
   cublasPointerMode_t pointer_mode = CUBLAS_POINTER_MODE_HOST;
 };
@@ -424,6 +428,16 @@ FAKE_EXPORT cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* wo
   // The documented requirement: at least 256-byte aligned.
   if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0) return CUBLAS_STATUS_INVALID_VALUE;
   if (workspace == nullptr && bytes != 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (workspace != nullptr) {
+    auto [it, added] = handle->workspace_streams.emplace(workspace, handle->stream);
+    if (!added && it->second != handle->stream) {
+      Misuse(
+          "cublasSetWorkspace: workspace %p, set for one stream, set again for another "
+          "(two streams' GEMMs would share its scratch memory)",
+          workspace);
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+  }
   handle->workspace = workspace;
   handle->workspace_bytes = bytes;
   return CUBLAS_STATUS_SUCCESS;
