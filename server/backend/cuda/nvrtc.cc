@@ -21,8 +21,22 @@
 
 extern char** environ;
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TESSERA_SANITIZED_BUILD 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define TESSERA_SANITIZED_BUILD 1
+#endif
+#endif
+
 namespace tessera::cuda {
 namespace {
+
+#ifdef TESSERA_SANITIZED_BUILD
+constexpr bool kSanitizedBuild = true;
+#else
+constexpr bool kSanitizedBuild = false;
+#endif
 
 // What the helper may write: an image (cubins of generated kernels are tens of KiB) and a log.
 constexpr size_t kMaxImageBytes = 256ull << 20;
@@ -138,7 +152,9 @@ absl::StatusOr<KernelCompiler::Output> KernelCompiler::Run(const std::vector<std
     // closes at exec (O_CLOEXEC) or carries errno if exec fails.
     if (exec[1] > 3) close_range(3, static_cast<unsigned int>(exec[1]) - 1, 0);
     close_range(static_cast<unsigned int>(exec[1]) + 1, ~0u, 0);
-    setrlimit(RLIMIT_AS, &as_limit);
+    // A sanitizer build's compiler (built like the server) reserves terabytes of shadow
+    // address space at start, which any RLIMIT_AS refuses: there the limit is left off.
+    if (!kSanitizedBuild) setrlimit(RLIMIT_AS, &as_limit);
     setrlimit(RLIMIT_CPU, &cpu_limit);
     // The server blocks SIGINT and SIGTERM outside its signal thread; a blocked mask
     // survives exec (see SpawnAttributes in server/mps/control_client.h).
