@@ -191,6 +191,9 @@ struct Global {
   CUresult fail_error = CUDA_SUCCESS;
   // A process-fatal error seen (see the top of this file): no context can be created.
   CUresult poisoned = CUDA_SUCCESS;
+  // Destroyed events, kept (see Fake_cuEventDestroy) and reachable, so that LeakSanitizer
+  // does not report the fake's own bookkeeping as the server's leak.
+  std::vector<CUevent_st*> destroyed_events;
 };
 
 Global& G() {
@@ -984,6 +987,7 @@ CUresult Fake_cuEventDestroy(CUevent event) {
   }
   // The struct is kept: a stream may still be about to pass its record (the real driver
   // defers the release too).
+  G().destroyed_events.push_back(event);
   return CUDA_SUCCESS;
 }
 
