@@ -191,9 +191,10 @@ struct Global {
   CUresult fail_error = CUDA_SUCCESS;
   // A process-fatal error seen (see the top of this file): no context can be created.
   CUresult poisoned = CUDA_SUCCESS;
-  // Destroyed events, kept (see Fake_cuEventDestroy) and reachable, so that LeakSanitizer
-  // does not report the fake's own bookkeeping as the server's leak.
-  std::vector<CUevent_st*> destroyed_events;
+  // What the fake keeps after its destroy call (contexts, streams, events, libraries,
+  // modules: see each), reachable, so that LeakSanitizer does not report the fake's own
+  // bookkeeping as a leak of the process under test.
+  std::vector<const void*> kept;
 };
 
 Global& G() {
@@ -721,6 +722,7 @@ CUresult DestroyContext(CUctx_st* c) {
     if (entry == c) entry = nullptr;  // the real driver leaves such a stack entry invalid
   }
   // The struct is kept: stale handles must stay recognizable as destroyed.
+  g.kept.push_back(c);
   return CUDA_SUCCESS;
 }
 
@@ -935,6 +937,8 @@ CUresult Fake_cuStreamDestroy(CUstream stream) {
     stream->cv.notify_all();
   }
   stream->worker.join();
+  std::lock_guard<std::mutex> lock(G().mu);
+  G().kept.push_back(stream);
   return CUDA_SUCCESS;  // the struct is kept, like a destroyed context
 }
 
@@ -987,7 +991,7 @@ CUresult Fake_cuEventDestroy(CUevent event) {
   }
   // The struct is kept: a stream may still be about to pass its record (the real driver
   // defers the release too).
-  G().destroyed_events.push_back(event);
+  G().kept.push_back(event);
   return CUDA_SUCCESS;
 }
 
@@ -1206,6 +1210,7 @@ CUresult Fake_cuLibraryUnload(CUlibrary library) {
     return CUDA_ERROR_INVALID_HANDLE;
   }
   // The struct is kept, so that a stale handle never names a newer library.
+  G().kept.push_back(library);
   return CUDA_SUCCESS;
 }
 
@@ -1291,6 +1296,7 @@ CUresult Fake_cuModuleUnload(CUmodule module) {
     return CUDA_ERROR_INVALID_HANDLE;
   }
   module->unloaded = true;  // the struct is kept: stale functions stay recognizable
+  G().kept.push_back(module);
   return CUDA_SUCCESS;
 }
 
