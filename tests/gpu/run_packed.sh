@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU checks on a GPU host, from an archive of tests/gpu/pack.sh, in a checkout of the
+# commit it was built from (the binaries carry absolute paths of the machine that built them,
+# so the checkout is linked there):
+#   tests/gpu/run_packed.sh ARCHIVE [OUT_DIR]
+# Runs, each with a time limit: the gpu tests (what `ctest -L gpu` runs), the GPU benchmark,
+# the integration suite's data-plane tests against a real server on the CUDA backend, then
+# the gpu tests and a short benchmark again with an MPS control daemon when the driver has
+# one. Prints everything and writes it, with the tests' XML, to OUT_DIR (default gpu-results).
+set -uo pipefail
+archive=$(realpath "$1")
+out=$(realpath -m "${2:-gpu-results}")
+cd "$(dirname "$0")/../.."
+root=$PWD
+mkdir -p "$out"
+exec > >(tee "$out/log.txt") 2>&1
+stage=$(mktemp -d)
+tar -C "$stage" -xJf "$archive"
+built_in=$(cat "$stage/build-dir")
+# The binaries name their files by the build machine's absolute paths: put this checkout
+# there when it is elsewhere (needs write access to that path's parent).
+source_dir=$(strings "$stage/build/tests/tessera_gpu_tests" | grep -m1 -o '/[^ "]*/tests/gpu/gpu_test.cc' |
+  sed 's|/tests/gpu/gpu_test.cc$||')
+if [[ -n $source_dir && $source_dir != "$root" ]]; then
+  mkdir -p "$(dirname "$source_dir")" && rm -rf "$source_dir" && ln -sfn "$root" "$source_dir"
+fi
+mkdir -p "$built_in" && cp -a "$stage/build/." "$built_in/"
+cublas=$(ldconfig -p | awk '/libcublas.so.13 /{print $NF; exit}')
+[[ -n $cublas ]] || cublas=$(find / -name libcublas.so.13 -not -path '/proc/*' 2>/dev/null | head -1)
+nvrtc=$(find / -name libnvrtc.so.13 -not -path '/proc/*' 2>/dev/null | head -1)
+export LD_LIBRARY_PATH=$stage/lib:$(dirname "${cublas:-/x/x}"):$(dirname "${nvrtc:-/x/x}")
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+t() { local limit=$1; shift; echo; echo "=== $* (limit ${limit}s)"; local s=$SECONDS
+  timeout -k 5 "$limit" "$@"; echo "=== exit $? after $((SECONDS - s)) s"; }
+b=$built_in/tests
+export CUDA_MPS_PIPE_DIRECTORY=$stage/no-mps
+t 300 "$b/tessera_gpu_tests" --gtest_output="xml:$out/gpu_tests.xml"
+t 180 "$b/tessera_gpu_bench" | tee "$out/bench.md"
+t 600 env TESSERA_TEST_BACKEND=cuda "$b/tessera_integration_tests" --gtest_brief=1 \
+  --gtest_filter='ComputeTest.*:JobsTest.*:CatalogTest.*:UserKernelsTest.*:IsolationTest.*:BadRequestTest.*' \
+  --gtest_output="xml:$out/integration_cuda.xml"
+if command -v nvidia-cuda-mps-control >/dev/null; then
+  export CUDA_MPS_PIPE_DIRECTORY=$stage/mps-pipe CUDA_MPS_LOG_DIRECTORY=$stage/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && sleep 1
+  t 300 "$b/tessera_gpu_tests" --gtest_output="xml:$out/gpu_tests_mps.xml"
+  t 120 "$b/tessera_gpu_bench" --quick | tee "$out/bench_mps.md"
+  echo quit | nvidia-cuda-mps-control
+fi
