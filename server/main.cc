@@ -413,8 +413,8 @@ int main(int argc, char** argv) {
   options.max_kernels_per_tenant = absl::GetFlag(FLAGS_max_kernels_per_tenant);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
-  options.on_backend_fatal = [](const absl::Status& why) {
-    spdlog::critical("{}", why.message());
+  // The backend has logged why; the main thread logs the shutdown (below).
+  options.on_backend_fatal = [](const absl::Status&) {
     ssize_t ignored = write(signal_pipe[1], &kBackendFatal, 1);
     (void)ignored;
   };

@@ -146,8 +146,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   server->backend_ = std::move(choice.backend);
   server->backend_reason_ = std::move(choice.reason);
   if (server->options_.on_backend_fatal) {
-    server->backend_->SetFatalHandler(
-        [fatal = server->options_.on_backend_fatal](const absl::Status& why) { fatal(why); });
+    server->backend_->SetFatalHandler(server->options_.on_backend_fatal);
   }
   spdlog::info("backend {}: {}", server->backend_->name(), server->backend_reason_);
   for (const DeviceInfo& d : server->backend_->devices()) {

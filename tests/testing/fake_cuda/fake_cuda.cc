@@ -1384,7 +1384,7 @@ CUresult Fake_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, uns
     {
       std::lock_guard<std::mutex> lock(G().mu);
       loaded = !context->loaded_kernels.insert(f).second;
-      streams = context->streams;
+      if (!loaded) streams = context->streams;
     }
     if (!loaded) {
       for (CUstream_st* other : streams) {
