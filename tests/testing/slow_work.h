@@ -31,7 +31,7 @@ class SlowWork {
     int64_t n = 128;
     int jobs = 0;
     for (int round = 0;; ++round) {
-      absl::StatusOr<SlowWork> work = ForTenant(client, n, 8);
+      absl::StatusOr<SlowWork> work = ForTenant(client, n, kFirstSteps);
       if (!work.ok()) return work.status();
       jobs += 2 * (1 + kRuns);
       work->calibration_jobs_ = jobs;
@@ -39,7 +39,13 @@ class SlowWork {
       if (!per_step.ok()) return per_step.status();
       const double wanted = absl::ToDoubleSeconds(duration) / kMaxSteps;
       const double measured = std::max(absl::ToDoubleSeconds(*per_step), 1e-7);
-      if (measured >= wanted || n >= max_n || round == 6) {
+      // A step's time grows as n³ once the fixed cost of a call is small beside it; grow by
+      // at most 4x a round, since that cost hides how much faster the device really is, and
+      // no further than keeps the next round's longest call (2k steps) within a second.
+      const double affordable = std::cbrt(1.0 / (2 * kFirstSteps * measured));
+      const double growth =
+          std::min(std::clamp(std::cbrt(wanted / measured), 1.25, 4.0), affordable);
+      if (measured >= wanted || n >= max_n || round == 6 || growth < 1.25) {
         work->steps_ = static_cast<int>(std::clamp<double>(
             std::ceil(absl::ToDoubleSeconds(duration) / measured), 1, kMaxSteps));
         work->per_step_ = *per_step;
@@ -48,9 +54,6 @@ class SlowWork {
         return work;
       }
       work->Release(client);
-      // A step's time grows as n³ once the fixed cost of a call is small beside it; grow by
-      // at most 4x a round, since that cost hides how much faster the device really is.
-      const double growth = std::clamp(std::cbrt(wanted / measured), 1.25, 4.0);
       n = std::min(max_n, (static_cast<int64_t>(static_cast<double>(n) * growth) + 63) / 64 * 64);
     }
   }
@@ -106,6 +109,7 @@ class SlowWork {
  private:
   static constexpr int kMaxSteps = 256;  // a program's steps
   static constexpr int kRuns = 3;        // timed runs of each program
+  static constexpr int kFirstSteps = 8;  // the shorter program timed (the longer: twice it)
 
   // The time of one step, without the call's own cost (a round trip that dwarfs a small
   // matmul on a GPU): a program of 2k steps against one of k, each the fastest of three runs
@@ -131,7 +135,10 @@ class SlowWork {
     absl::StatusOr<absl::Duration> more = run(2 * k);
     if (!more.ok()) return more.status();
     steps_ = k;
-    return std::max(*more - *few, absl::ZeroDuration()) / k;
+    // On a busy machine the difference can come out near zero, which would grow the next
+    // round's operands without bound; a quarter of the longer program's time per step (its
+    // call's cost included) is a floor that keeps it honest.
+    return std::max((*more - *few) / k, *more / (4 * 2 * k));
   }
 
   std::string a_, out_;
