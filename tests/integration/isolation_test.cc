@@ -45,20 +45,63 @@ class IsolationTest : public testing::ServerTest {
     context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   }
 
-  // `count` uploads as `key`, started and left open: each holds one of the tenant's call
-  // slots until it ends.
-  struct OpenUploads {
-    OpenUploads(v1::Compute::Stub* stub, const std::string& key, int count)
-        : infos(static_cast<size_t>(count)) {
+  // `count` downloads as `key` of one tensor far larger than a stream's flow-control window,
+  // each read to its first message and left there: each holds one of the tenant's call slots
+  // until it is read to the end or cancelled. The first message proves that the server took
+  // the call before the next one starts. (An upload's start cannot be confirmed without
+  // another call of the same tenant, which may reach the server first and take the slot:
+  // that made this test flaky when it held its slots with uploads.)
+  class OpenReads {
+   public:
+    OpenReads(const std::string& address, const std::string& key, int count) {
+      // No BDP probing: the client's stream windows stay at their initial size, so the
+      // server cannot send the whole tensor ahead of the reads.
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+      args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, -1);
+      stub_ = v1::Compute::NewStub(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+      grpc::ClientContext create_context;
+      Prepare(&create_context, key);
+      v1::CreateTensorRequest create;
+      create.mutable_spec()->set_dtype(v1::DTYPE_F32);
+      create.mutable_spec()->add_shape(kElements);
+      v1::TensorInfo info;
+      grpc::Status created = stub_->CreateTensor(&create_context, create, &info);
+      EXPECT_TRUE(created.ok()) << created.error_message();
       for (int i = 0; i < count; ++i) {
-        contexts.push_back(std::make_unique<grpc::ClientContext>());
-        Prepare(contexts.back().get(), key);
-        writers.push_back(stub->WriteTensor(contexts.back().get(), &infos[static_cast<size_t>(i)]));
+        contexts_.push_back(std::make_unique<grpc::ClientContext>());
+        Prepare(contexts_.back().get(), key);
+        v1::ReadTensorRequest request;
+        request.set_handle(info.handle());
+        readers_.push_back(stub_->ReadTensor(contexts_.back().get(), request));
+        v1::ReadTensorResponse first;
+        EXPECT_TRUE(readers_.back()->Read(&first)) << "download " << i << " did not start";
       }
     }
-    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-    std::vector<v1::TensorInfo> infos;
-    std::vector<std::unique_ptr<grpc::ClientWriter<v1::WriteTensorRequest>>> writers;
+    ~OpenReads() {
+      for (size_t i = 0; i < readers_.size(); ++i) {
+        if (readers_[i] == nullptr) continue;
+        contexts_[i]->TryCancel();
+        (void)readers_[i]->Finish();
+      }
+    }
+    // Reads download `i` to its end; the server answers (and frees its slot) before Finish
+    // returns.
+    grpc::Status Drain(size_t i) {
+      v1::ReadTensorResponse response;
+      while (readers_[i]->Read(&response)) {
+      }
+      grpc::Status status = readers_[i]->Finish();
+      readers_[i].reset();
+      return status;
+    }
+
+   private:
+    static constexpr int64_t kElements = int64_t{16} << 20;  // 64 MiB of f32
+    std::unique_ptr<v1::Compute::Stub> stub_;
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+    std::vector<std::unique_ptr<grpc::ClientReader<v1::ReadTensorResponse>>> readers_;
   };
 
   // GetUsage as `key`; `pushback_ms` gets the grpc-retry-pushback-ms trailer (-1 if none).
@@ -114,31 +157,20 @@ TEST_F(IsolationTest, CallsBeyondTheInFlightQuotaAreRefusedWithAPushbackHint) {
   const std::string busy = Register("busy", /*in_flight=*/2, /*per_second=*/100000);
   const std::string quiet = MustRegister("quiet");
   std::unique_ptr<v1::Compute::Stub> stub = Stub();
-  // Two uploads left open hold both of the tenant's slots until they end.
-  OpenUploads open(stub.get(), busy, 2);
-  auto& writers = open.writers;
-  // The server takes the slots when it starts handling the uploads: poll (bounded) until a
-  // third call is refused.
-  grpc::Status refused;
+  // Two downloads left open hold both of the tenant's slots until they end.
+  OpenReads open(server_->address(), busy, 2);
   int64_t pushback_ms = -1;
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < give_up) {
-    refused = Usage(stub.get(), busy, &pushback_ms);
-    if (!refused.ok()) break;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  const grpc::Status refused = Usage(stub.get(), busy, &pushback_ms);
   ASSERT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
   EXPECT_THAT(refused.error_message(), HasSubstr("quota.max_requests_in_flight"));
   EXPECT_THAT(refused.error_message(), HasSubstr("2 requests in flight"));
   EXPECT_GT(pushback_ms, 0);
   // Another tenant is not affected.
   EXPECT_TRUE(Usage(stub.get(), quiet).ok());
-  // Ending one upload frees a slot (the upload itself is refused: it sent no tensor).
-  writers[0]->WritesDone();
-  EXPECT_FALSE(writers[0]->Finish().ok());
+  // Ending one download frees a slot.
+  EXPECT_TRUE(open.Drain(0).ok());
   EXPECT_TRUE(Usage(stub.get(), busy).ok());
-  writers[1]->WritesDone();
-  (void)writers[1]->Finish();
+  EXPECT_TRUE(open.Drain(1).ok());
   // Sequential calls never find their previous call still counted.
   for (int i = 0; i < 50; ++i) ASSERT_TRUE(Usage(stub.get(), busy).ok()) << i;
 }
@@ -164,13 +196,9 @@ TEST_F(IsolationTest, ASaturatingTenantDoesNotRefuseAQuietOne) {
   const std::string noisy = Register("noisy", /*in_flight=*/2, /*per_second=*/1000000);
   const std::string quiet = MustRegister("quiet");
   std::unique_ptr<v1::Compute::Stub> stub = Stub();
-  // The noisy tenant's slots are all taken (two uploads held open) ...
-  OpenUploads open(stub.get(), noisy, 2);
-  auto& writers = open.writers;
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < give_up && Usage(stub.get(), noisy).ok()) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  // The noisy tenant's slots are all taken (two downloads held open) ...
+  OpenReads open(server_->address(), noisy, 2);
+  ASSERT_EQ(Usage(stub.get(), noisy).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   // ... and it keeps calling from 4 threads (bounded in count and time) while the quiet
   // tenant makes 200 calls: every quiet call passes, every extra noisy one is refused.
   std::atomic<bool> stop{false};
@@ -195,10 +223,8 @@ TEST_F(IsolationTest, ASaturatingTenantDoesNotRefuseAQuietOne) {
   EXPECT_EQ(quiet_failed, 0);
   EXPECT_GT(noisy_calls.load(), 0);
   EXPECT_EQ(noisy_refused.load(), noisy_calls.load());
-  for (auto& writer : writers) {
-    writer->WritesDone();
-    (void)writer->Finish();
-  }
+  EXPECT_TRUE(open.Drain(0).ok());
+  EXPECT_TRUE(open.Drain(1).ok());
   EXPECT_TRUE(Usage(stub.get(), noisy).ok());
 }
 
