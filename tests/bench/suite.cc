@@ -493,21 +493,28 @@ void Gemm(Env& env) {
     using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     Eigen::Map<const RowMajor> EA(A.data(), n, n);
     Eigen::Map<RowMajor> EC(C.data(), n, n);
-    // Interleaved call by call, so drift hits both sides alike; a pause after each direct
-    // call lets OpenBLAS's threads stop spinning before the server is timed.
+    // Each side timed warm, in short blocks of back-to-back calls (as a client that
+    // multiplies repeatedly calls), the blocks interleaved round by round so that drift hits
+    // every side alike. A pause after each block: a BLAS library's threads spin for up to
+    // ~0.1 s after a call (OpenBLAS's default timeout is 2^28 cycles), the server's as much
+    // as the direct call's, and no side may be timed beside another's spinning threads. The
+    // first call of each block, after the pause, warms it and is not counted.
     std::vector<double> server_t, blas_t, eigen_t;
-    for (int r = -1; r < repeats; ++r) {  // r = -1 warms up
-      double ts = Time([&] { (void)tenant->Launch(launch); });
-      double tb = Time([&] {
+    const int per_block = n >= 2048 ? 1 : 3;
+    auto block = [&](std::vector<double>* times, auto&& call) {
+      for (int i = -1; i < per_block; ++i) {
+        const double t = Time(call);
+        if (i >= 0) times->push_back(t);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    };
+    for (int round = 0; round * per_block < repeats; ++round) {
+      block(&server_t, [&] { (void)tenant->Launch(launch); });
+      block(&blas_t, [&] {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A.data(), n, A.data(),
                     n, 0.0f, C.data(), n);
       });
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      double te = Time([&] { EC.noalias() = EA * EA; });
-      if (r < 0) continue;
-      server_t.push_back(ts);
-      blas_t.push_back(tb);
-      eigen_t.push_back(te);
+      block(&eigen_t, [&] { EC.noalias() = EA * EA; });
     }
     double server_s = Percentile(server_t, 0.5);
     double blas_s = Percentile(blas_t, 0.5), eigen_s = Percentile(eigen_t, 0.5);
