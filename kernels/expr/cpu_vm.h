@@ -25,8 +25,12 @@
 // picks one by the CPU (GCC's function multi-versioning): twice the lanes where AVX2 exists.
 // Neither uses FMA, so both compute the same bits.
 // (A build may define TESSERA_EXPR_LOOP empty to keep only the baseline. Clang builds, the
-// fuzzers', keep only the baseline: clang 14 cannot multi-version function templates.)
-#if !defined(TESSERA_EXPR_LOOP) && defined(__x86_64__) && !defined(__clang__)
+// fuzzers', keep only the baseline: clang 14 cannot multi-version function templates.
+// ThreadSanitizer builds too: the dynamic linker runs each clone's resolver while it
+// relocates the executable, before TSan's runtime has started, and the instrumented resolver
+// crashes there.)
+#if !defined(TESSERA_EXPR_LOOP) && defined(__x86_64__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define TESSERA_EXPR_LOOP [[gnu::target_clones("avx2", "default")]]
 #elif !defined(TESSERA_EXPR_LOOP)
 #define TESSERA_EXPR_LOOP

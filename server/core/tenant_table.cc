@@ -309,6 +309,8 @@ absl::StatusOr<TenantTable::Deregistered> TenantTable::Deregister(absl::string_v
     tenants_.erase(it);
     // The reservation stays until the tenant's memory is really free (a stalled transfer
     // may hold a buffer a little longer than Close): admission never promises it twice.
+    // Those that have drained since are dropped here, under the exclusive lock.
+    std::erase_if(draining_, [](const Draining& d) { return d.ledger->used() == 0; });
     draining_.push_back(Draining{entry->record.device_index,
                                  entry->record.quota.device_memory_bytes,
                                  entry->runtime->ledger()});
@@ -361,8 +363,9 @@ std::vector<DeviceLoad> TenantTable::DeviceLoadsLocked() const {
     loads[index].reserved_bytes += entry->record.quota.device_memory_bytes;
     loads[index].contexts += 1;
   }
-  std::erase_if(draining_, [](const Draining& d) { return d.ledger->used() == 0; });
+  // Readers only read: several hold mu_ shared at once (Deregister prunes what has drained).
   for (const Draining& d : draining_) {
+    if (d.ledger->used() == 0) continue;
     if (d.device >= 0 && static_cast<size_t>(d.device) < loads.size()) {
       loads[d.device].reserved_bytes += d.bytes;
     }

@@ -170,7 +170,7 @@ class TenantTable {
     uint64_t bytes = 0;
     std::shared_ptr<MemoryLedger> ledger;
   };
-  mutable std::vector<Draining> draining_ ABSL_GUARDED_BY(mu_);
+  std::vector<Draining> draining_ ABSL_GUARDED_BY(mu_);
   // Releases every tenant's jobs; shared with the runtimes (set once in Create).
   std::shared_ptr<JobScheduler> scheduler_;
   bool released_ ABSL_GUARDED_BY(mu_) = false;

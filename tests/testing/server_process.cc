@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 
 extern char** environ;
 
@@ -162,6 +163,20 @@ ServerProcess::~ServerProcess() {
   }
   reader_.join();
   close(read_fd_);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // In a sanitizer build the server is instrumented too, and its reports go to the output
+  // that nobody else reads (a report that does not end the process, a race or undefined
+  // behaviour, would pass unseen): the test that ran it fails, showing the report.
+  absl::MutexLock lock(&mu_);
+  for (const char* marker : {"WARNING: ThreadSanitizer:", "ERROR: AddressSanitizer",
+                             "ERROR: LeakSanitizer", ": runtime error: "}) {
+    if (size_t at = output_.find(marker); at != std::string::npos) {
+      ADD_FAILURE() << "tessera-server (pid " << pid_ << ") reported:\n"
+                    << output_.substr(at > 200 ? at - 200 : 0, 12000);
+      break;
+    }
+  }
+#endif
 }
 
 void ServerProcess::ReadLoop() {

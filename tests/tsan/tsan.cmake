@@ -17,7 +17,10 @@ list(APPEND CMAKE_BUILD_RPATH "${TESSERA_TSAN_DEPS}/lib")
 # Debian's libraries that need Abseil or gRPC (libgrpc++ itself, libgrpc++_reflection) carry no
 # run path: the executables' DT_RPATH, unlike the DT_RUNPATH that the linker writes by default,
 # also applies to the libraries that they load, so those bind to the instrumented copies too.
-add_link_options(LINKER:--disable-new-dtags)
+# Executables only: a DT_RPATH also comes before $LD_LIBRARY_PATH, and the CUDA module's
+# (the toolkit's lib directory) would then load the real cuBLAS in place of the fake one
+# that the fake_cuda tests put on $LD_LIBRARY_PATH.
+add_link_options("$<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:-Wl,--disable-new-dtags>")
 
 # 2. GCC warns that ThreadSanitizer does not model std::atomic_thread_fence, which Abseil's
 #    flag headers use inline (absl/flags/internal/sequence_lock.h). Flags are written only in

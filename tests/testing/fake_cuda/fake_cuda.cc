@@ -844,6 +844,9 @@ CUresult Fake_cuDevResourceGenerateDesc(CUdevResourceDesc* desc, CUdevResource* 
     sms += resources[i].sm.smCount;
   }
   *desc = new CUdevResourceDesc_st{-1, sms};
+  // The driver owns descriptors (cuda.h has no call to free one): kept for the process.
+  std::lock_guard<std::mutex> lock(G().mu);
+  G().kept.push_back(*desc);
   return CUDA_SUCCESS;
 }
 
@@ -868,7 +871,11 @@ CUresult Fake_cuCtxFromGreenCtx(CUcontext* ctx, CUgreenCtx green) {
 
 CUresult Fake_cuGreenCtxDestroy(CUgreenCtx green) {
   if (green == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return DestroyContext(green->context);
+  CUresult r = DestroyContext(green->context);
+  // The struct is kept, like its context: a stale handle stays recognizable.
+  std::lock_guard<std::mutex> lock(G().mu);
+  G().kept.push_back(green);
+  return r;
 }
 
 // ---- streams and events --------------------------------------------------------------------
