@@ -300,8 +300,10 @@ TEST_F(CliTest, ExitStatusThreeWhenTheServerCannotBeReached) {
   EXPECT_EQ(refused.exit_code, kUnreachable) << refused.output;
   EXPECT_THAT(refused.output, HasSubstr("could not reach the server at 127.0.0.1:"));
   EXPECT_THAT(refused.output, HasSubstr("--addr or $TESSERA_ADDR"));
-  EXPECT_EQ(Cli({"tenant", "register", "x", "--memory=1Gi", nowhere}).exit_code, kUnreachable);
-  EXPECT_EQ(Cli({"usage", nowhere}).exit_code, kUnreachable);
+  auto registering = Cli({"tenant", "register", "x", "--memory=1Gi", nowhere});
+  EXPECT_EQ(registering.exit_code, kUnreachable) << registering.output;
+  auto usage = Cli({"usage", nowhere});
+  EXPECT_EQ(usage.exit_code, kUnreachable) << usage.output;
 }
 
 // ---- pipes -------------------------------------------------------------------------------------
