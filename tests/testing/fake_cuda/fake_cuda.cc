@@ -324,7 +324,14 @@ void EndChildrenLocked(const CUctx_st* c) {
     Fate fate = c->green ? Fate::kOutlivedGreenContext : Fate::kFreedWithContext;
     if (faulted && !(c->green && t.kind == FakeCudaKind::kStream)) fate = Fate::kFreedAfterFault;
     if (t.generation == g.generation) ++g.ended[{t.kind, t.origin, fate}];
-    if (t.kind == FakeCudaKind::kHostMemory) std::free(const_cast<void*>(it->first));
+    if (t.kind == FakeCudaKind::kHostMemory) {
+      std::free(const_cast<void*>(it->first));
+    } else if (t.kind != FakeCudaKind::kDeviceMemory) {
+      // Events, streams, modules...: freed with the context by the real driver; the fake's
+      // struct is kept, like the context's, so that a stale handle stays recognizable and
+      // LeakSanitizer sees no leak in the process under test.
+      g.kept.push_back(it->first);
+    }
     it = g.live.erase(it);
   }
 }
