@@ -202,6 +202,12 @@ Global& G() {
   return *g;
 }
 
+// Keeps `handle`'s struct reachable for the process (Global::kept); takes G().mu.
+void Keep(const void* handle) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  G().kept.push_back(handle);
+}
+
 }  // namespace
 
 struct CUstream_st;
@@ -851,9 +857,7 @@ CUresult Fake_cuDevResourceGenerateDesc(CUdevResourceDesc* desc, CUdevResource* 
     sms += resources[i].sm.smCount;
   }
   *desc = new CUdevResourceDesc_st{-1, sms};
-  // The driver owns descriptors (cuda.h has no call to free one): kept for the process.
-  std::lock_guard<std::mutex> lock(G().mu);
-  G().kept.push_back(*desc);
+  Keep(*desc);  // the driver owns descriptors (cuda.h has no call to free one)
   return CUDA_SUCCESS;
 }
 
@@ -879,9 +883,7 @@ CUresult Fake_cuCtxFromGreenCtx(CUcontext* ctx, CUgreenCtx green) {
 CUresult Fake_cuGreenCtxDestroy(CUgreenCtx green) {
   if (green == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUresult r = DestroyContext(green->context);
-  // The struct is kept, like its context: a stale handle stays recognizable.
-  std::lock_guard<std::mutex> lock(G().mu);
-  G().kept.push_back(green);
+  Keep(green);  // like its context: a stale handle stays recognizable
   return r;
 }
 
@@ -951,8 +953,7 @@ CUresult Fake_cuStreamDestroy(CUstream stream) {
     stream->cv.notify_all();
   }
   stream->worker.join();
-  std::lock_guard<std::mutex> lock(G().mu);
-  G().kept.push_back(stream);
+  Keep(stream);
   return CUDA_SUCCESS;  // the struct is kept, like a destroyed context
 }
 
