@@ -84,6 +84,13 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
     if (alarm_ != nullptr) alarm_->Cancel();
     Release();
   }
+  // Both reactions are short and never wait (OnCancel takes a queued job off its queue and
+  // answers; OnDone drops a reference), so gRPC may run them, and the end of the call, on the
+  // thread that completes the call. Otherwise gRPC 1.51 hands every call's end to its executor
+  // thread: a wake-up and a context switch per call, about a quarter of the server's CPU time
+  // for tiny launches at 16 in flight (perf). gRPC marks the hook "not API": a gRPC without
+  // it fails to compile here (override), never silently.
+  bool InternalInlineable() override { return true; }
 
  private:
   ~WaitReactor() override = default;
