@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -324,7 +325,8 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   std::string closed_ ABSL_GUARDED_BY(mu_);  // why, once closed
   absl::StatusCode closed_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kFailedPrecondition;
   std::map<std::string, Tensor, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::shared_ptr<Job>, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Hashed: a job is added, looked up and dropped (the oldest of kFinishedJobsKept) per call.
+  absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> finished_order_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, absl::AnyInvocable<void() &&>> transfer_hooks_ ABSL_GUARDED_BY(mu_);
   uint64_t hook_counter_ ABSL_GUARDED_BY(mu_) = 0;

@@ -140,13 +140,21 @@ prometheus::Labels Metrics::TenantLabels(absl::string_view tenant) const {
 }
 
 void Metrics::Observe(prometheus::Family<prometheus::Histogram>& family, absl::string_view tenant,
-                      prometheus::Labels labels,
+                      absl::string_view label, absl::string_view label_value,
                       const prometheus::Histogram::BucketBoundaries& buckets, double value) {
-  prometheus::Labels all = TenantLabels(tenant);
-  all.insert(labels.begin(), labels.end());
+  const std::string key = absl::StrCat(reinterpret_cast<uintptr_t>(&family), "/", tenant.size(),
+                                       "/", tenant, label_value);
   absl::MutexLock lock(&mu_);
+  auto cached = tenant_series_.find(key);
+  if (cached != tenant_series_.end()) {
+    cached->second->Observe(value);
+    return;
+  }
+  prometheus::Labels all = TenantLabels(tenant);
+  all.emplace(std::string(label), std::string(label_value));
   prometheus::Histogram& h = family.Add(all, buckets);
   h.Observe(value);
+  tenant_series_.emplace(key, &h);
   if (tenant_label_ == TenantLabel::kNone) return;
   Series& series = series_[all["tenant"]];
   if (std::find(series.begin(), series.end(), std::make_pair(&family, &h)) == series.end()) {
@@ -155,24 +163,32 @@ void Metrics::Observe(prometheus::Family<prometheus::Histogram>& family, absl::s
 }
 
 void Metrics::RpcHandled(absl::string_view method, absl::string_view code, double seconds) {
-  rpc_handled_.Add({{"method", std::string(method)}, {"code", std::string(code)}}).Increment();
-  rpc_seconds_.Add({{"method", std::string(method)}}, SecondsBuckets()).Observe(seconds);
+  const std::string key = absl::StrCat(method, " ", code);
+  absl::MutexLock lock(&mu_);
+  auto it = rpc_series_.find(key);
+  if (it == rpc_series_.end()) {
+    RpcSeries series{
+        &rpc_handled_.Add({{"method", std::string(method)}, {"code", std::string(code)}}),
+        &rpc_seconds_.Add({{"method", std::string(method)}}, SecondsBuckets())};
+    it = rpc_series_.emplace(key, series).first;
+  }
+  it->second.handled->Increment();
+  it->second.seconds->Observe(seconds);
 }
 
 void Metrics::Transfer(absl::string_view tenant, absl::string_view direction, uint64_t bytes,
                        double seconds) {
-  Observe(transfer_bytes_, tenant, {{"direction", std::string(direction)}}, ByteBuckets(),
+  Observe(transfer_bytes_, tenant, "direction", direction, ByteBuckets(),
           static_cast<double>(bytes));
-  Observe(transfer_seconds_, tenant, {{"direction", std::string(direction)}}, SecondsBuckets(),
-          seconds);
+  Observe(transfer_seconds_, tenant, "direction", direction, SecondsBuckets(), seconds);
 }
 
 void Metrics::JobFinished(const telemetry::JobSample& job) {
-  const prometheus::Labels kernel = {{"kernel", std::string(job.kernel)}};
-  Observe(job_queue_wait_, job.tenant, kernel, SecondsBuckets(),
+  Observe(job_queue_wait_, job.tenant, "kernel", job.kernel, SecondsBuckets(),
           absl::ToDoubleSeconds(job.queue_wait));
   if (job.ran) {
-    Observe(job_run_, job.tenant, kernel, SecondsBuckets(), absl::ToDoubleSeconds(job.run_time));
+    Observe(job_run_, job.tenant, "kernel", job.kernel, SecondsBuckets(),
+            absl::ToDoubleSeconds(job.run_time));
   }
 }
 
@@ -189,6 +205,7 @@ void Metrics::Prune(const absl::flat_hash_set<std::string>& live_values) {
     }
     for (auto& [family, histogram] : it->second) family->Remove(histogram);
     it = series_.erase(it);
+    tenant_series_.clear();  // it held removed series; the live ones are found again
   }
 }
 

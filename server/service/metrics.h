@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -68,9 +69,11 @@ class Metrics final : public telemetry::Sink {
   prometheus::Labels TenantLabels(absl::string_view tenant) const;
   /// Forgets per-tenant series of tenants no longer registered (bounded cardinality).
   void Prune(const absl::flat_hash_set<std::string>& live_values) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Observes `value` in the series of `family` for `tenant` and one more label.
   void Observe(prometheus::Family<prometheus::Histogram>& family, absl::string_view tenant,
-               prometheus::Labels labels, const prometheus::Histogram::BucketBoundaries& buckets,
-               double value) ABSL_LOCKS_EXCLUDED(mu_);
+               absl::string_view label, absl::string_view label_value,
+               const prometheus::Histogram::BucketBoundaries& buckets, double value)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const TenantTable* const tenants_;
   const Backend* const backend_;
@@ -91,6 +94,15 @@ class Metrics final : public telemetry::Sink {
   using Series =
       std::vector<std::pair<prometheus::Family<prometheus::Histogram>*, prometheus::Histogram*>>;
   std::map<std::string, Series> series_ ABSL_GUARDED_BY(mu_);
+  // The series each call and job lands in, found without building label maps (prometheus-cpp
+  // hashes them on every Add): per-tenant histograms by family, tenant id and label value
+  // (dropped when Prune removes series), RPC series by method and code (never removed).
+  absl::flat_hash_map<std::string, prometheus::Histogram*> tenant_series_ ABSL_GUARDED_BY(mu_);
+  struct RpcSeries {
+    prometheus::Counter* handled;
+    prometheus::Histogram* seconds;
+  };
+  absl::flat_hash_map<std::string, RpcSeries> rpc_series_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera

@@ -2,7 +2,7 @@
 # Runs the benchmark suite: installs what it needs (deploy/install-deps.sh --bench), builds,
 # runs tessera_bench against a fresh loopback server and echo baseline, writes JSON, Markdown
 # and PNG plots into docs/benchmarks/ and refreshes the results in docs/benchmarks.md.
-#   tests/bench/run.sh [--quick] [--backend=cpu|cuda|auto] [--only=...]
+#   tests/bench/run.sh [--quick] [--backend=cpu|cuda|auto] [--only=...] [--server_arg=FLAG ...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ./deploy/install-deps.sh --bench

@@ -265,6 +265,23 @@ TEST_F(ObservabilityTest, ScrapePassesPromtoolWithTheHistograms) {
   ASSERT_TRUE(admin_->DeregisterTenant("obs").ok());
   EXPECT_THAT(Body(Http("127.0.0.1", port, "/metrics")), Not(HasSubstr("tenant=\"obs\"")));
   EXPECT_THAT(Http("127.0.0.1", port, "/other"), HasSubstr("404"));
+
+  // The same id registered again starts new series (the server finds a tenant's series
+  // through a cache, which must not keep the removed ones), and repeated calls add up.
+  auto again = Tenant("obs", 1 << 20);
+  auto operand = again->Upload(spec, std::string(4096, '\0'));
+  ASSERT_TRUE(operand.ok()) << operand.status();
+  launch.clear_inputs();
+  launch.add_inputs(operand->handle());
+  launch.add_inputs(operand->handle());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(again->Launch(launch).ok());
+  const std::string later = Body(Http("127.0.0.1", port, "/metrics"));
+  EXPECT_THAT(later, HasSubstr("tessera_job_run_seconds_count{kernel=\"add\",tenant=\"obs\"} 2"));
+  EXPECT_THAT(later,
+              HasSubstr("tessera_transfer_bytes_count{direction=\"upload\",tenant=\"obs\"} 1"));
+  EXPECT_THAT(
+      later,
+      HasSubstr("grpc_server_handled_total{code=\"OK\",method=\"tessera.v1.Compute/Launch\"} 3"));
 }
 
 TEST_F(ObservabilityTest, IdleConnectionsDoNotDelayAScrape) {
