@@ -142,8 +142,11 @@ prometheus::Labels Metrics::TenantLabels(absl::string_view tenant) const {
 void Metrics::Observe(prometheus::Family<prometheus::Histogram>& family, absl::string_view tenant,
                       absl::string_view label, absl::string_view label_value,
                       const prometheus::Histogram::BucketBoundaries& buckets, double value) {
-  const std::string key = absl::StrCat(reinterpret_cast<uintptr_t>(&family), "/", tenant.size(),
-                                       "/", tenant, label_value);
+  // Without a tenant label every tenant shares one series, and one entry (Prune never runs
+  // then, so keying by tenant would keep every tenant that ever called).
+  const absl::string_view who = tenant_label_ == TenantLabel::kNone ? "" : tenant;
+  const std::string key =
+      absl::StrCat(reinterpret_cast<uintptr_t>(&family), "/", who.size(), "/", who, label_value);
   absl::MutexLock lock(&mu_);
   auto cached = tenant_series_.find(key);
   if (cached != tenant_series_.end()) {
