@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "google/protobuf/descriptor.h"
 
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
@@ -20,6 +21,16 @@ namespace {
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
+
+constexpr absl::string_view kUnknownMethod = "unknown";
+
+// A method of a service compiled into this server ("package.Service/Method"), whose
+// descriptor is in the generated pool (Compute, TenantAdmin, health, reflection).
+bool IsServedMethod(absl::string_view method) {
+  std::string name(method);
+  std::replace(name.begin(), name.end(), '/', '.');
+  return google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(name) != nullptr;
+}
 
 const prometheus::Histogram::BucketBoundaries& SecondsBuckets() {
   static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
@@ -166,9 +177,16 @@ void Metrics::Observe(prometheus::Family<prometheus::Histogram>& family, absl::s
 }
 
 void Metrics::RpcHandled(absl::string_view method, absl::string_view code, double seconds) {
-  const std::string key = absl::StrCat(method, " ", code);
+  std::string key = absl::StrCat(method, " ", code);
   absl::MutexLock lock(&mu_);
   auto it = rpc_series_.find(key);
+  if (it == rpc_series_.end() && !IsServedMethod(method)) {
+    // A name the client made up (gRPC answered UNIMPLEMENTED): one "unknown" series, so that
+    // unauthenticated calls to invented methods cannot grow the families or this map.
+    method = kUnknownMethod;
+    key = absl::StrCat(method, " ", code);
+    it = rpc_series_.find(key);
+  }
   if (it == rpc_series_.end()) {
     RpcSeries series{
         &rpc_handled_.Add({{"method", std::string(method)}, {"code", std::string(code)}}),

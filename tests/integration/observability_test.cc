@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
@@ -275,7 +276,33 @@ TEST_F(ObservabilityTest, ScrapePassesPromtoolWithTheHistograms) {
   launch.add_inputs(operand->handle());
   launch.add_inputs(operand->handle());
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(again->Launch(launch).ok());
-  const std::string later = Body(Http("127.0.0.1", port, "/metrics"));
+  // A method no service has: gRPC answers UNIMPLEMENTED, and the made-up name is not a label.
+  {
+    grpc::GenericStub generic(again->channel());
+    grpc::ClientContext context;
+    grpc::Slice nothing("");
+    grpc::ByteBuffer empty(&nothing, 1), reply;  // an empty message (a default one is none)
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&context, "/tessera.v1.Compute/NoSuchMethod", grpc::StubOptions(), &empty,
+                      &reply, [&](grpc::Status s) {
+                        status = std::move(s);
+                        done.Notify();
+                      });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  }
+  // A call is counted when gRPC tears it down, which may come a moment after its reply.
+  const std::string last_counted =
+      "grpc_server_handled_total{code=\"UNIMPLEMENTED\",method=\"unknown\"} 1";
+  std::string later;
+  for (int i = 0; i < 100; ++i) {
+    later = Body(Http("127.0.0.1", port, "/metrics"));
+    if (absl::StrContains(later, last_counted)) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_THAT(later, HasSubstr(last_counted));
+  EXPECT_THAT(later, Not(HasSubstr("NoSuchMethod")));
   EXPECT_THAT(later, HasSubstr("tessera_job_run_seconds_count{kernel=\"add\",tenant=\"obs\"} 2"));
   EXPECT_THAT(later,
               HasSubstr("tessera_transfer_bytes_count{direction=\"upload\",tenant=\"obs\"} 1"));
