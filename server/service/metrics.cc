@@ -219,6 +219,7 @@ void Metrics::Refused(absl::string_view reason) {
 
 void Metrics::Prune(const absl::flat_hash_set<std::string>& live_values) {
   absl::MutexLock lock(&mu_);
+  const size_t before = series_.size();
   for (auto it = series_.begin(); it != series_.end();) {
     if (live_values.contains(it->first)) {
       ++it;
@@ -226,8 +227,9 @@ void Metrics::Prune(const absl::flat_hash_set<std::string>& live_values) {
     }
     for (auto& [family, histogram] : it->second) family->Remove(histogram);
     it = series_.erase(it);
-    tenant_series_.clear();  // it held removed series; the live ones are found again
   }
+  // The cache held removed series; the live ones are found again.
+  if (series_.size() != before) tenant_series_.clear();
 }
 
 std::string Metrics::Render() {

@@ -711,24 +711,32 @@ Saturating MakeSaturating(Env& env, const std::string& prefix, const std::vector
   return s;
 }
 
-// Closed loop: worker w drives tenant w / in_flight on its own stream and output.
-LoadResult Saturate(Saturating& s, int in_flight, absl::Duration duration) {
-  int workers = static_cast<int>(s.tenants.size()) * in_flight;
+// Slot s of a tenant's closed loop: `ops.kernel` into output s on stream s.
+std::vector<v1::LaunchRequest> ClosedLoopRequests(const Operands& ops, int in_flight) {
   std::vector<v1::LaunchRequest> requests;
-  for (int w = 0; w < workers; ++w) {
-    const Operands& ops = s.ops[static_cast<size_t>(w / in_flight)];
-    requests.push_back(Binary(ops.kernel, ops.a, ops.b, ops.out[static_cast<size_t>(w % in_flight)],
-                              static_cast<uint32_t>(w % in_flight)));
+  for (int s = 0; s < in_flight; ++s) {
+    requests.push_back(Binary(ops.kernel, ops.a, ops.b, ops.out[static_cast<size_t>(s)],
+                              static_cast<uint32_t>(s)));
   }
-  std::vector<AsyncCall> per_tenant;
-  for (size_t t = 0; t < s.tenants.size(); ++t) {
-    per_tenant.push_back(s.env->Launches(
-        *s.tenants[t], std::vector<v1::LaunchRequest>(requests.begin() + t * in_flight,
-                                                      requests.begin() + (t + 1) * in_flight)));
-  }
+  return requests;
+}
+
+// Closed loop over every tenant's calls, `in_flight` slots each: worker w drives tenant
+// w / in_flight on slot w % in_flight.
+LoadResult RunPerTenant(const std::vector<AsyncCall>& per_tenant, int in_flight,
+                        absl::Duration duration) {
+  const int workers = static_cast<int>(per_tenant.size()) * in_flight;
   return RunLoad({.workers = workers, .duration = duration}, [&](int w, Done done) {
     per_tenant[static_cast<size_t>(w / in_flight)](w % in_flight, std::move(done));
   });
+}
+
+LoadResult Saturate(Saturating& s, int in_flight, absl::Duration duration) {
+  std::vector<AsyncCall> per_tenant;
+  for (size_t t = 0; t < s.tenants.size(); ++t) {
+    per_tenant.push_back(s.env->Launches(*s.tenants[t], ClosedLoopRequests(s.ops[t], in_flight)));
+  }
+  return RunPerTenant(per_tenant, in_flight, duration);
 }
 
 std::vector<double> PerTenantOps(const LoadResult& r, int tenants, int in_flight) {
@@ -897,15 +905,15 @@ void Noisy(Env& env) {
   (void)(*neighbours)->Stop(SIGTERM, absl::Seconds(10));
   (void)(*neighbours)->WaitForOutput("neighbours:", absl::Seconds(5));
   for (auto& t : noisy.tenants) (void)t->Synchronize();
+  if (ended_early) {
+    env.report.Skip("8", "the neighbours' load ended before the quiet tenant's calls did");
+    return;
+  }
   // The neighbours' completed calls per second, from the load process's last line.
   std::string note;
   const std::string output = (*neighbours)->output();
   if (size_t at = output.rfind("neighbours:"); at != std::string::npos) {
     note = std::string(absl::StripAsciiWhitespace(output.substr(at)));
-  }
-  if (ended_early) {
-    env.report.Skip("8", "the neighbours' load ended before the quiet tenant's calls did");
-    return;
   }
   Row p99 = Latency("8", "quiet tenant 4 KiB add p99, beside 4 saturating tenants",
                     Percentile(beside, 0.99), "alone", Percentile(alone, 0.99), Goal::kAtMost, 1.5);
@@ -957,24 +965,14 @@ int NoisyLoadMain(int argc, char** argv) {
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
     stubs.push_back(v1::Compute::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
-    std::vector<v1::LaunchRequest> requests;
-    for (int s = 0; s < in_flight; ++s) {
-      requests.push_back(
-          Binary(t[1], t[2], t[3], t[4 + static_cast<size_t>(s)], static_cast<uint32_t>(s)));
-    }
-    per_tenant.push_back(LaunchCalls(stubs.back().get(), t[0], std::move(requests)));
+    const Operands ops{.kernel = t[1], .a = t[2], .b = t[3], .out = {t.begin() + 4, t.end()}};
+    per_tenant.push_back(LaunchCalls(stubs.back().get(), t[0], ClosedLoopRequests(ops, in_flight)));
   }
   if (per_tenant.empty()) return 2;
-  const int workers = static_cast<int>(per_tenant.size()) * in_flight;
-  auto slice = [&](absl::Duration d) {
-    return RunLoad({.workers = workers, .duration = d}, [&](int w, Done done) {
-      per_tenant[static_cast<size_t>(w / in_flight)](w % in_flight, std::move(done));
-    });
-  };
   int64_t ok = 0, errors = 0;
   double seconds = 0;
   for (int i = 0; i < 480 && !g_noisy_stop.load(); ++i) {  // 250 ms slices: at most 120 s
-    LoadResult r = slice(absl::Milliseconds(250));
+    LoadResult r = RunPerTenant(per_tenant, in_flight, absl::Milliseconds(250));
     ok += r.Ok();
     errors += r.Errors();
     seconds += r.seconds;
