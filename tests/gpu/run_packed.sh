@@ -7,6 +7,12 @@
 # the integration suite's data-plane tests against a real server on the CUDA backend, then
 # the gpu tests and a short benchmark again with an MPS control daemon when the driver has
 # one. Prints everything and writes it, with the tests' XML, to OUT_DIR (default gpu-results).
+# TESSERA_GPU_STAGES picks stages (default tests,bench,integration,mps); `host` runs the
+# suite's tiny-op and noisy-neighbour scenarios (tessera_bench --quick --only=tiny,noisy) on
+# this host's cores, on the CUDA backend and then the CPU backend: scenario 8 where the cores
+# are not the floor they are on a 2-core build machine (docs/benchmarks.md). Separate calls
+# fit a device session's 10-minute limit per command:
+#   TESSERA_GPU_STAGES=host tests/gpu/run_packed.sh ARCHIVE OUT_DIR
 set -uo pipefail
 archive=$(realpath "$1")
 out=$(realpath -m "${2:-gpu-results}")
@@ -33,13 +39,22 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 t() { local limit=$1; shift; echo; echo "=== $* (limit ${limit}s)"; local s=$SECONDS
   timeout -k 5 "$limit" "$@"; echo "=== exit $? after $((SECONDS - s)) s"; }
 b=$built_in/tests
+stages=",${TESSERA_GPU_STAGES:-tests,bench,integration,mps},"
+has() { [[ $stages == *",$1,"* ]]; }
 export CUDA_MPS_PIPE_DIRECTORY=$stage/no-mps
-t 300 "$b/tessera_gpu_tests" --gtest_output="xml:$out/gpu_tests.xml"
-t 180 "$b/tessera_gpu_bench" | tee "$out/bench.md"
-t 600 env TESSERA_TEST_BACKEND=cuda "$b/tessera_integration_tests" --gtest_brief=1 \
+has tests && t 300 "$b/tessera_gpu_tests" --gtest_output="xml:$out/gpu_tests.xml"
+has bench && t 180 "$b/tessera_gpu_bench" | tee "$out/bench.md"
+has integration && t 600 env TESSERA_TEST_BACKEND=cuda "$b/tessera_integration_tests" --gtest_brief=1 \
   --gtest_filter='ComputeTest.*:JobsTest.*:CatalogTest.*:UserKernelsTest.*:IsolationTest.*:BadRequestTest.*' \
   --gtest_output="xml:$out/integration_cuda.xml"
-if command -v nvidia-cuda-mps-control >/dev/null; then
+if has host; then
+  nproc
+  for backend in cuda cpu; do
+    t 240 "$b/bench/tessera_bench" --quick --backend=$backend --only=tiny,noisy \
+      --out="$out/host-$backend" | tee "$out/host-$backend.md"
+  done
+fi
+if has mps && command -v nvidia-cuda-mps-control >/dev/null; then
   export CUDA_MPS_PIPE_DIRECTORY=$stage/mps-pipe CUDA_MPS_LOG_DIRECTORY=$stage/mps-log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   nvidia-cuda-mps-control -d && sleep 1
