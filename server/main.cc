@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <malloc.h>
 #include <signal.h>
@@ -287,6 +288,32 @@ std::string ServerHelp() {
   return out;
 }
 
+#if TESSERA_TCMALLOC
+extern "C" const char* tc_version(int* major, int* minor, const char** patch);
+#endif
+
+// The malloc this process runs on, as found at run time: tcmalloc and its version when it is
+// the one linked (server/CMakeLists.txt), else the library whose malloc the loader bound
+// (glibc's, or an LD_PRELOADed one).
+std::string Allocator() {
+  Dl_info info{};
+  void* const found = dlsym(RTLD_DEFAULT, "malloc");
+  std::string library = found != nullptr && dladdr(found, &info) != 0 && info.dli_fname != nullptr
+                            ? std::string(info.dli_fname)
+                            : std::string("unknown");
+  library = library.substr(library.rfind('/') + 1);
+#if TESSERA_TCMALLOC
+  if (absl::StrContains(library, "tcmalloc")) {
+    int major = 0, minor = 0;
+    const char* patch = nullptr;
+    const char* version = tc_version(&major, &minor, &patch);
+    return absl::StrCat("tcmalloc (", version != nullptr ? version : "gperftools", ", ", library,
+                        ")");
+  }
+#endif
+  return absl::StrCat("malloc from ", library);
+}
+
 std::string ServerVersion() {
   const tessera::BuildInfo build = tessera::TesseraBuild();
   return absl::StrCat("tessera-server ", build.version, "\n", "build type:   ", build.build_type,
@@ -294,7 +321,7 @@ std::string ServerVersion() {
                       build.cuda_toolkit.empty()
                           ? "none (built without the CUDA module)"
                           : absl::StrCat(build.cuda_toolkit, " (the CUDA module)"),
-                      "\n");
+                      "\n", "allocator:    ", Allocator(), "\n");
 }
 
 // absl prints these for --helpshort, --helpfull and --version; --help (and -h) print
@@ -338,6 +365,8 @@ int main(int argc, char** argv) {
   // transfers) with malloc; glibc's default serves those from fresh mmaps and trims freed
   // heap eagerly, so every chunk paid its page faults again. Tensors have their own mappings
   // (server/backend/cpu), so keeping message-sized blocks on the heap costs little.
+  // (glibc's tunables; tcmalloc, when linked, keeps freed blocks for reuse by itself and
+  // leaves these to the unused glibc allocator.)
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 128 << 20);
   ConfigureUsage();
@@ -374,6 +403,7 @@ int main(int argc, char** argv) {
   // protobuf's complaints about requests (invalid UTF-8 in a string field: one per request)
   // go through our logger too, at most 10 lines a second.
   tessera::RouteProtobufLogging(10);
+  spdlog::info("allocator: {}", Allocator());
 
   tessera::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);

@@ -183,6 +183,14 @@ TEST_F(CliTest, VersionOfTheCliAndTheServer) {
   EXPECT_THAT(server->output, HasSubstr("build type:"));
   EXPECT_THAT(server->output, HasSubstr("git revision:"));
   EXPECT_THAT(server->output, HasSubstr("CUDA toolkit:"));
+  // The allocator the process actually runs on (the library the loader bound malloc to).
+#if TESSERA_SERVER_TCMALLOC
+  EXPECT_TRUE(std::regex_search(
+      server->output, std::regex(R"(\nallocator: +tcmalloc \(gperftools \d+\.\d+.*libtcmalloc)")))
+      << server->output;
+#else
+  EXPECT_THAT(server->output, HasSubstr("allocator:    malloc from "));
+#endif
   // The server and the CLI come from one build: the same version.
   const std::string cli_version = version.output.substr(8, version.output.find(' ', 8) - 8);
   EXPECT_THAT(server->output, StartsWith(absl::StrCat("tessera-server ", cli_version, "\n")));
