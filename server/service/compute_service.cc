@@ -177,8 +177,10 @@ class TransferCanceller {
 
 // Uploads: a header, then chunks; answered once the client half-closes. Reactions only
 // hand work to the transfer executor: chunks are copied (into a staging copy that commits
-// only when every byte arrived and the client is still there) off gRPC's threads, one read
-// in flight.
+// only when every byte arrived and the client is still there) off gRPC's threads. Two
+// message buffers: gRPC reads the next chunk into one while the executor copies the other,
+// so the connection is never idle for a copy and at most two chunks are held per upload.
+// The executor runs one task of an upload at a time (`busy_`), in the order read.
 class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorRequest> {
  public:
   WriteTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
@@ -195,35 +197,76 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
     runtime_ = *std::move(runtime);
     canceller_.emplace(context, runtime_);
     log_.set_tenant(runtime_->tenant_id());
-    StartRead(&request_);
+    StartRead(&buffers_[0]);
   }
 
   void OnReadDone(bool ok) override {
-    Post(ok ? &WriteTensorReactor::Consume : &WriteTensorReactor::Complete);
+    int full = -1, read_into = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;  // answered already (a failed chunk); nothing more to do
+      if (!ok) {
+        ended_ = true;
+        if (busy_) return;  // the running task completes the call when it ends
+        busy_ = true;
+      } else if (busy_) {
+        waiting_ = true;  // both buffers taken: handed over when the running task ends
+        return;
+      } else {
+        busy_ = true;
+        full = reading_;
+        reading_ ^= 1;
+        read_into = reading_;
+      }
+    }
+    if (full < 0) {
+      (void)Post([this] { Complete(); });
+    } else if (Post([this, full] { Consume(full); })) {
+      StartRead(&buffers_[read_into]);
+    }
   }
   void OnCancel() override { cancelled_.store(true); }
   void OnDone() override { delete this; }  // an unfinished writer commits nothing
 
  private:
-  using Step = void (WriteTensorReactor::*)();
-  void Post(Step step) {
-    absl::Status queued = transfers_->Schedule(runtime_->tenant_id(), Weight(*runtime_),
-                                               [this, step] { (this->*step)(); });
+  // False when the executor refused the task; the call is then answered.
+  bool Post(absl::AnyInvocable<void() &&> task) {
+    absl::Status queued =
+        transfers_->Schedule(runtime_->tenant_id(), Weight(*runtime_), std::move(task));
     if (!queued.ok()) Fail(queued);
+    return queued.ok();
   }
 
-  void Consume() {
-    absl::Status status = ConsumeMessage();
+  // On the executor: copies buffer `index`, then hands the executor the message read
+  // meanwhile (a task of its own, so that tenants still take turns chunk by chunk), or
+  // completes the call when the stream has ended.
+  void Consume(int index) {
+    absl::Status status = ConsumeMessage(buffers_[index]);
+    buffers_[index].Clear();  // the chunk's bytes are in the staging copy now
     if (!status.ok()) return Fail(status);
-    StartRead(&request_);
+    int next = -1, read_into = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      if (waiting_) {
+        waiting_ = false;
+        next = reading_;
+        reading_ ^= 1;
+        read_into = reading_;
+      } else if (!ended_) {
+        busy_ = false;
+        return;
+      }
+    }
+    if (next < 0) return Complete();
+    if (Post([this, next] { Consume(next); })) StartRead(&buffers_[read_into]);
   }
 
-  absl::Status ConsumeMessage() {
+  absl::Status ConsumeMessage(const v1::WriteTensorRequest& request) {
     if (writer_ == nullptr) {
-      if (!request_.has_header()) {
+      if (!request.has_header()) {
         return absl::InvalidArgumentError("the first message must be a header");
       }
-      const v1::WriteHeader& header = request_.header();
+      const v1::WriteHeader& header = request.header();
       std::optional<kernels::TensorMeta> create;
       if (header.has_create()) {
         ASSIGN_OR_RETURN(create, MetaFromProto(header.create(), "header.create"));
@@ -235,15 +278,13 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
       ASSIGN_OR_RETURN(writer_, runtime_->BeginWrite(header.handle(), create));
       return absl::OkStatus();
     }
-    if (!request_.has_chunk()) {
+    if (!request.has_chunk()) {
       return absl::InvalidArgumentError("after the header, every message must be a chunk");
     }
-    if (request_.chunk().data().empty()) {
+    if (request.chunk().data().empty()) {
       return absl::InvalidArgumentError("chunk.data is empty; every chunk carries bytes");
     }
-    absl::Status written = writer_->Write(request_.chunk().offset(), request_.chunk().data());
-    request_.Clear();  // the chunk's bytes are in the staging copy now
-    return written;
+    return writer_->Write(request.chunk().offset(), request.chunk().data());
   }
 
   // The client stopped sending: half-closed (commit) or gone (commit nothing).
@@ -262,13 +303,22 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
     }
     TensorInfoToProto(*info, response_);
     writer_.reset();
+    {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+    }
     Finish(log_.Finish(absl::OkStatus()));
   }
 
   // The writer is released before the answer goes out, so a client's next call never finds
-  // the tensor still held by this upload.
+  // the tensor still held by this upload. A read may still be in flight: its OnReadDone
+  // sees `finished_` and does nothing, and OnDone waits for it.
   void Fail(const absl::Status& status) {
     writer_.reset();
+    {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+    }
     Finish(log_.Finish(status));
   }
 
@@ -276,7 +326,13 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
   CallLog log_;
   FairExecutor* const transfers_;
   v1::TensorInfo* const response_;
-  v1::WriteTensorRequest request_;
+  v1::WriteTensorRequest buffers_[2];
+  absl::Mutex mu_;
+  int reading_ ABSL_GUARDED_BY(mu_) = 0;       // the buffer gRPC reads into
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;     // an executor task of this upload is queued or runs
+  bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // buffers_[reading_] holds a read message
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;    // the client stopped sending
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<TenantRuntime> runtime_;
   std::optional<TransferCanceller> canceller_;
   std::unique_ptr<TenantRuntime::Writer> writer_;
