@@ -288,7 +288,7 @@ std::string ServerHelp() {
   return out;
 }
 
-#if TESSERA_TCMALLOC
+#if TESSERA_LINKS_TCMALLOC
 extern "C" const char* tc_version(int* major, int* minor, const char** patch);
 #endif
 
@@ -302,7 +302,7 @@ std::string Allocator() {
                             ? std::string(info.dli_fname)
                             : std::string("unknown");
   library = library.substr(library.rfind('/') + 1);
-#if TESSERA_TCMALLOC
+#if TESSERA_LINKS_TCMALLOC
   if (absl::StrContains(library, "tcmalloc")) {
     int major = 0, minor = 0;
     const char* patch = nullptr;
@@ -365,10 +365,12 @@ int main(int argc, char** argv) {
   // transfers) with malloc; glibc's default serves those from fresh mmaps and trims freed
   // heap eagerly, so every chunk paid its page faults again. Tensors have their own mappings
   // (server/backend/cpu), so keeping message-sized blocks on the heap costs little.
-  // (glibc's tunables; tcmalloc, when linked, keeps freed blocks for reuse by itself and
-  // leaves these to the unused glibc allocator.)
+  // Only on glibc's malloc: tcmalloc, when linked, keeps freed blocks for reuse by itself
+  // (and its mallopt does nothing).
+#if !TESSERA_LINKS_TCMALLOC
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 128 << 20);
+#endif
   ConfigureUsage();
   if (AsksForHelp(argc, argv)) {
     std::cout << ServerHelp();

@@ -41,6 +41,9 @@ t() { local limit=$1; shift; echo; echo "=== $* (limit ${limit}s)"; local s=$SEC
 b=$built_in/tests
 stages=",${TESSERA_GPU_STAGES:-tests,bench,integration,mps},"
 has() { [[ $stages == *",$1,"* ]]; }
+for s in ${stages//,/ }; do
+  [[ $s =~ ^(tests|bench|integration|mps|host)$ ]] || echo "run_packed: unknown stage '$s' (tests, bench, integration, mps, host)" >&2
+done
 export CUDA_MPS_PIPE_DIRECTORY=$stage/no-mps
 has tests && t 300 "$b/tessera_gpu_tests" --gtest_output="xml:$out/gpu_tests.xml"
 has bench && t 180 "$b/tessera_gpu_bench" | tee "$out/bench.md"
