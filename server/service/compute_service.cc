@@ -220,21 +220,23 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
       }
     }
     if (full < 0) {
-      (void)Post([this] { Complete(); });
-    } else if (Post([this, full] { Consume(full); })) {
-      StartRead(&buffers_[read_into]);
+      Post([this] { Complete(); });
+      return;
     }
+    // The read starts before the task is queued: a task that fails answers the call, and
+    // after that (with no read in flight) gRPC may end the reactor at once.
+    StartRead(&buffers_[read_into]);
+    Post([this, full] { Consume(full); });
   }
   void OnCancel() override { cancelled_.store(true); }
   void OnDone() override { delete this; }  // an unfinished writer commits nothing
 
  private:
-  // False when the executor refused the task; the call is then answered.
-  bool Post(absl::AnyInvocable<void() &&> task) {
+  // Queues `task` on the transfer executor; when the executor refuses it, answers the call.
+  void Post(absl::AnyInvocable<void() &&> task) {
     absl::Status queued =
         transfers_->Schedule(runtime_->tenant_id(), Weight(*runtime_), std::move(task));
     if (!queued.ok()) Fail(queued);
-    return queued.ok();
   }
 
   // On the executor: copies buffer `index`, then hands the executor the message read
@@ -258,7 +260,8 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
       }
     }
     if (next < 0) return Complete();
-    if (Post([this, next] { Consume(next); })) StartRead(&buffers_[read_into]);
+    StartRead(&buffers_[read_into]);  // before the task, as in OnReadDone
+    Post([this, next] { Consume(next); });
   }
 
   absl::Status ConsumeMessage(const v1::WriteTensorRequest& request) {
