@@ -201,7 +201,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
   }
 
   void OnReadDone(bool ok) override {
-    int full = -1, read_into = -1;
+    int full = -1;
     {
       absl::MutexLock lock(&mu_);
       if (finished_) return;  // answered already (a failed chunk); nothing more to do
@@ -214,19 +214,11 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
         return;
       } else {
         busy_ = true;
-        full = reading_;
-        reading_ ^= 1;
-        read_into = reading_;
+        full = TakeReadLocked();
       }
     }
-    if (full < 0) {
-      Post([this] { Complete(); });
-      return;
-    }
-    // The read starts before the task is queued: a task that fails answers the call, and
-    // after that (with no read in flight) gRPC may end the reactor at once.
-    StartRead(&buffers_[read_into]);
-    Post([this, full] { Consume(full); });
+    if (full < 0) return Post([this] { Complete(); });
+    CopyAndReadNext(full);
   }
   void OnCancel() override { cancelled_.store(true); }
   void OnDone() override { delete this; }  // an unfinished writer commits nothing
@@ -239,6 +231,21 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
     if (!queued.ok()) Fail(queued);
   }
 
+  // The buffer gRPC just filled; gRPC reads into the other one from now on.
+  int TakeReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int full = reading_;
+    reading_ ^= 1;
+    return full;
+  }
+
+  // Queues the copy of buffer `full` and reads the next message into the other. The read
+  // starts first: a copy that fails answers the call, and after that (with no read in
+  // flight) gRPC may end the reactor at once.
+  void CopyAndReadNext(int full) {
+    StartRead(&buffers_[full ^ 1]);
+    Post([this, full] { Consume(full); });
+  }
+
   // On the executor: copies buffer `index`, then hands the executor the message read
   // meanwhile (a task of its own, so that tenants still take turns chunk by chunk), or
   // completes the call when the stream has ended.
@@ -246,22 +253,19 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
     absl::Status status = ConsumeMessage(buffers_[index]);
     buffers_[index].Clear();  // the chunk's bytes are in the staging copy now
     if (!status.ok()) return Fail(status);
-    int next = -1, read_into = -1;
+    int next = -1;
     {
       absl::MutexLock lock(&mu_);
       if (waiting_) {
         waiting_ = false;
-        next = reading_;
-        reading_ ^= 1;
-        read_into = reading_;
+        next = TakeReadLocked();
       } else if (!ended_) {
         busy_ = false;
         return;
       }
     }
     if (next < 0) return Complete();
-    StartRead(&buffers_[read_into]);  // before the task, as in OnReadDone
-    Post([this, next] { Consume(next); });
+    CopyAndReadNext(next);
   }
 
   absl::Status ConsumeMessage(const v1::WriteTensorRequest& request) {

@@ -550,6 +550,10 @@ void Gemm(Env& env) {
     // vCPU awake, while the echo's threads sleep.
     EchoMessage ping;
     ping.set_data(launch.SerializeAsString());
+    auto sgemm = [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A.data(), n, A.data(),
+                  n, 0.0f, C.data(), n);
+    };
     auto block = [&](std::vector<double>* times, auto&& call) {
       for (int i = -1; i < per_block; ++i) {
         const double t = Time(call);
@@ -559,10 +563,7 @@ void Gemm(Env& env) {
     };
     for (int round = 0; round * per_block < repeats; ++round) {
       block(&server_t, [&] { (void)tenant->Launch(launch); });
-      block(&blas_t, [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A.data(), n, A.data(),
-                    n, 0.0f, C.data(), n);
-      });
+      block(&blas_t, sgemm);
       block(&eigen_t, [&] { EC.noalias() = EA * EA; });
       block(&echo_t, [&] {
         grpc::ClientContext ctx;
@@ -594,7 +595,8 @@ void Gemm(Env& env) {
       const int calls = n <= 256 ? 24 : 8;
       double server_calls = 0, server_s_total = 0, blas_s_total = 0;
       int64_t server_errors = 0;
-      for (int round = 0; round < (env.quick ? 3 : 7); ++round) {
+      const int rounds = env.quick ? 3 : 7;
+      for (int round = 0; round < rounds; ++round) {
         (void)TimeOneCall(queued);  // warms the server's BLAS threads after the pause
         LoadResult r =
             RunLoad({.workers = 4, .duration = absl::Seconds(5), .max_calls = calls}, queued);
@@ -602,17 +604,13 @@ void Gemm(Env& env) {
         server_errors += r.Errors();
         server_s_total += r.seconds;
         std::this_thread::sleep_for(std::chrono::milliseconds(150));
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A.data(), n, A.data(),
-                    n, 0.0f, C.data(), n);
+        sgemm();  // warms the library's threads likewise
         blas_s_total += Time([&] {
-          for (int i = 0; i < calls; ++i) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A.data(), n,
-                        A.data(), n, 0.0f, C.data(), n);
-          }
+          for (int i = 0; i < calls; ++i) sgemm();
         });
         std::this_thread::sleep_for(std::chrono::milliseconds(150));
       }
-      const double blas_calls = static_cast<double>(calls) * (env.quick ? 3 : 7);
+      const double blas_calls = static_cast<double>(calls) * rounds;
       Row pipelined =
           Rate("3", absl::StrCat("sgemm n=", n, ", 4 launches in flight on one stream"),
                server_s_total > 0 ? gflop * server_calls / server_s_total : 0, "GFLOP/s",
