@@ -4,6 +4,8 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace tessera {
@@ -27,14 +29,37 @@ absl::StatusOr<Response> Unary(const Client& client, Call call) {
   std::unique_ptr<grpc::ClientContext> context = client.NewContext();
   Response response;
   grpc::Status status = call(context.get(), &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcStatus(status, *context);
   return response;
 }
+
+// The payload that carries the retry hint on an absl::Status (the server uses the same key).
+constexpr char kRetryAfterMsPayload[] = "type.tessera.dev/retry-after-ms";
 
 }  // namespace
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext& context) {
+  absl::Status result = FromGrpcStatus(status);
+  if (result.ok()) return result;
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto it = trailers.find("grpc-retry-pushback-ms");
+  int64_t ms = 0;
+  if (it != trailers.end() &&
+      absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &ms) && ms >= 0) {
+    result.SetPayload(kRetryAfterMsPayload, absl::Cord(absl::StrCat(ms)));
+  }
+  return result;
+}
+
+std::optional<absl::Duration> RetryAfter(const absl::Status& status) {
+  const auto payload = status.GetPayload(kRetryAfterMsPayload);
+  int64_t ms = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &ms)) return std::nullopt;
+  return absl::Milliseconds(ms);
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
@@ -205,7 +230,7 @@ absl::StatusOr<v1::TensorInfo> Client::Write(const v1::WriteHeader& header, absl
   }
   writer->WritesDone();
   grpc::Status status = writer->Finish();
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcStatus(status, *context);
   return response;
 }
 
@@ -251,7 +276,7 @@ absl::StatusOr<std::string> Client::Download(absl::string_view handle, uint64_t 
     if (progress) progress(bytes.size(), total);
   }
   grpc::Status status = reader->Finish();
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcStatus(status, *context);
   return bytes;
 }
 

@@ -206,13 +206,16 @@ void AddList(CommandTree& tree, CLI::App* group) {
           s.PrintJson(all);
           return static_cast<int>(kExitOk);
         }
-        std::cout << absl::StrFormat("%-24s %-9s %10s %6s %7s %6s  %s\n", "TENANT", "CONTEXT",
-                                     "MEMORY", "SHARE", "STREAMS", "DEVICE", "DISPLAY NAME");
+        std::cout << absl::StrFormat("%-24s %-9s %10s %6s %7s %9s %9s %6s  %s\n", "TENANT",
+                                     "CONTEXT", "MEMORY", "SHARE", "STREAMS", "IN FLIGHT",
+                                     "CALLS/S", "DEVICE", "DISPLAY NAME");
         for (const auto& t : *tenants) {
           std::cout << absl::StrFormat(
-              "%-24s %-9s %10s %5d%% %7d %6d  %s\n", t.tenant_id(), KindName(t.context().kind()),
-              FormatBytes(t.quota().device_memory_bytes()), t.quota().compute_share_percent(),
-              t.quota().max_streams(), t.device_index(), t.display_name());
+              "%-24s %-9s %10s %5d%% %7d %9d %9d %6d  %s\n", t.tenant_id(),
+              KindName(t.context().kind()), FormatBytes(t.quota().device_memory_bytes()),
+              t.quota().compute_share_percent(), t.quota().max_streams(),
+              t.quota().max_requests_in_flight(), t.quota().requests_per_second(), t.device_index(),
+              t.display_name());
         }
         return static_cast<int>(kExitOk);
       });

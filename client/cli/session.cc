@@ -89,6 +89,10 @@ int Session::Failed(const absl::Status& status, absl::string_view hint) const {
                absl::StatusCodeToString(status.code()).c_str(),
                std::string(status.message()).c_str());
   if (!hint.empty()) std::fprintf(stderr, "hint: %s\n", std::string(hint).c_str());
+  if (const std::optional<absl::Duration> wait = RetryAfter(status); wait.has_value()) {
+    std::fprintf(stderr, "hint: the server asks to retry in %s\n",
+                 absl::FormatDuration(*wait).c_str());
+  }
   return kExitRefused;
 }
 

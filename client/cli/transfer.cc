@@ -77,7 +77,7 @@ Transfer UploadFrom(Session& s, const NpyHeader& header, int fd, const std::stri
   }
   if (!transfer.local_error.empty()) context->TryCancel();
   writer->WritesDone();
-  transfer.status = FromGrpcStatus(writer->Finish());
+  transfer.status = FromGrpcStatus(writer->Finish(), *context);
   return transfer;
 }
 
@@ -120,7 +120,7 @@ Transfer DownloadTo(Session& s, const std::string& handle, size_t chunk_bytes, i
     }
   }
   if (!transfer.local_error.empty()) context->TryCancel();
-  transfer.status = FromGrpcStatus(reader->Finish());
+  transfer.status = FromGrpcStatus(reader->Finish(), *context);
   if (transfer.local_error.empty() && transfer.status.ok() &&
       (!started || done != transfer.info.size_bytes())) {
     transfer.status = absl::DataLossError(absl::StrCat("ReadTensor ended after ", done, " of ",

@@ -5,7 +5,23 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "server/common/telemetry.h"
+
 namespace tessera {
+namespace {
+
+// A queue drains at the threads' pace (a 1 MiB chunk copies in well under a millisecond), so
+// a short wait is enough; the client is told so with the refusal.
+constexpr int64_t kRetryAfterMs = 50;
+
+absl::Status Refusal(std::string message) {
+  return telemetry::WithRetryAfterMs(
+      telemetry::WithRefusalReason(absl::ResourceExhaustedError(std::move(message)),
+                                   "transfer_queue"),
+      kRetryAfterMs);
+}
+
+}  // namespace
 
 FairExecutor::FairExecutor(std::string name, size_t max_pending, size_t max_pending_per_key,
                            int threads)
@@ -20,15 +36,14 @@ absl::Status FairExecutor::Schedule(absl::string_view key, double weight,
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError(absl::StrCat(name_, " is shutting down"));
   if (pending_ >= max_pending_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(name_, " queue is full (", max_pending_, " pending); retry later"));
+    return Refusal(absl::StrCat(name_, " queue is full (", max_pending_, " pending); retry in ",
+                                kRetryAfterMs, " ms"));
   }
   auto [it, inserted] = queues_.try_emplace(key);
   Queue& queue = it->second;
   if (queue.tasks.size() >= max_pending_per_key_) {
-    return absl::ResourceExhaustedError(absl::StrCat(name_, " queue of \"", key, "\" is full (",
-                                                     max_pending_per_key_,
-                                                     " pending); retry later"));
+    return Refusal(absl::StrCat(name_, " queue of \"", key, "\" is full (", max_pending_per_key_,
+                                " pending); retry in ", kRetryAfterMs, " ms"));
   }
   queue.weight = weight > 0 ? weight : 1;
   if (inserted || (queue.tasks.empty() && queue.running == 0)) {

@@ -40,7 +40,8 @@ class FairExecutor {
   FairExecutor& operator=(const FairExecutor&) = delete;
 
   /// Queues `task` for `key` with `weight` (> 0; a tenant's compute share). RESOURCE_EXHAUSTED
-  /// when the executor or the key has its most tasks waiting; UNAVAILABLE after Stop().
+  /// when the executor or the key has its most tasks waiting, with the refusal reason
+  /// "transfer_queue" and a retry hint (telemetry.h); UNAVAILABLE after Stop().
   absl::Status Schedule(absl::string_view key, double weight, absl::AnyInvocable<void() &&> task)
       ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -3,6 +3,8 @@
 #include <atomic>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 
 namespace tessera::telemetry {
 namespace {
@@ -26,6 +28,18 @@ std::string RefusalReason(const absl::Status& status) {
   if (!absl::IsResourceExhausted(status)) return "";
   auto reason = status.GetPayload(kRefusalPayloadUrl);
   return reason.has_value() ? std::string(*reason) : "other";
+}
+
+absl::Status WithRetryAfterMs(absl::Status status, int64_t ms) {
+  status.SetPayload(kRetryAfterMsPayload, absl::Cord(absl::StrCat(ms)));
+  return status;
+}
+
+int64_t RetryAfterMs(const absl::Status& status) {
+  const auto payload = status.GetPayload(kRetryAfterMsPayload);
+  int64_t ms = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &ms)) return -1;
+  return ms;
 }
 
 void Refused(absl::string_view reason) {

@@ -15,20 +15,12 @@ namespace tessera {
 namespace {
 
 absl::Status Refusal(std::string message, const char* reason, int64_t retry_after_ms) {
-  absl::Status status =
-      telemetry::WithRefusalReason(absl::ResourceExhaustedError(std::move(message)), reason);
-  status.SetPayload(kRetryAfterMsPayload, absl::Cord(absl::StrCat(retry_after_ms)));
-  return status;
+  return telemetry::WithRetryAfterMs(
+      telemetry::WithRefusalReason(absl::ResourceExhaustedError(std::move(message)), reason),
+      retry_after_ms);
 }
 
 }  // namespace
-
-int64_t RetryAfterMs(const absl::Status& status) {
-  const auto payload = status.GetPayload(kRetryAfterMsPayload);
-  int64_t ms = 0;
-  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &ms)) return -1;
-  return ms;
-}
 
 RequestGate::RequestGate(uint32_t max_in_flight, double rate, double burst)
     : max_in_flight_(std::max<uint32_t>(1, max_in_flight)),

@@ -10,20 +10,19 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
+#include "server/common/telemetry.h"
+
 namespace tessera {
 
-/// The payload key of a refusal's retry hint (the milliseconds after which a retry may
-/// succeed, as decimal text); the adapters send it as `grpc-retry-pushback-ms`.
-inline constexpr char kRetryAfterMsPayload[] = "type.tessera.dev/retry-after-ms";
-
-/// The milliseconds a refusal asks the client to wait, or -1 when it carries none.
-int64_t RetryAfterMs(const absl::Status& status);
+/// A refusal's retry hint (server/common/telemetry.h), which the call layer sends as
+/// `grpc-retry-pushback-ms`.
+using telemetry::RetryAfterMs;
 
 /// Bounds the server-side work one tenant can have at once: at most `max_in_flight` requests
 /// being handled (each held from authentication until its call ends, streams included) and a
 /// token bucket of `rate` requests per second with `burst` tokens. Refusals are
 /// RESOURCE_EXHAUSTED naming the quota field and its value, with a retry hint
-/// (kRetryAfterMsPayload) and a refusal reason ("requests_in_flight" or "request_rate").
+/// (telemetry::kRetryAfterMsPayload) and a refusal reason ("requests_in_flight" or "request_rate").
 ///
 /// Thread-safe; never blocks beyond its own short lock.
 class RequestGate {

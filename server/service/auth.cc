@@ -58,10 +58,7 @@ absl::StatusOr<std::shared_ptr<TenantRuntime>> Authenticator::AuthenticateTenant
   absl::StatusOr<std::unique_ptr<RequestGate::Ticket>> ticket = (*runtime)->requests().Begin();
   if (!ticket.ok()) {
     record->set_tenant((*runtime)->tenant_id());  // the access line names who was refused
-    if (const int64_t ms = RetryAfterMs(ticket.status()); ms >= 0) {
-      context.AddTrailingMetadata("grpc-retry-pushback-ms", absl::StrCat(ms));
-    }
-    return ticket.status();
+    return ticket.status();  // its retry hint becomes a trailer in CallLog::Finish
   }
   // Holds the runtime too: the gate lives in it, and a deregistered tenant's calls may end
   // after the table has let go of it.

@@ -25,7 +25,8 @@ class Authenticator {
   /// The runtime of the tenant whose key this is; PERMISSION_DENIED for the admin token;
   /// UNAUTHENTICATED otherwise. Also starts the call in the tenant's RequestGate, holding its
   /// ticket in the call's record (access_log.h) until the call ends: RESOURCE_EXHAUSTED, with
-  /// a `grpc-retry-pushback-ms` trailer, past quota.max_requests_in_flight or
+  /// a retry hint (CallLog::Finish sends it as `grpc-retry-pushback-ms`), past
+  /// quota.max_requests_in_flight or
   /// quota.requests_per_second. (Without the access log interceptor, as in tests that build
   /// a service alone, there is no record and no gate.)
   absl::StatusOr<std::shared_ptr<TenantRuntime>> AuthenticateTenant(

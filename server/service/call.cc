@@ -25,7 +25,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 CallLog::CallLog(grpc::CallbackServerContext* context, absl::string_view rpc)
-    : rpc_(rpc), record_(FindCallRecord(context)) {
+    : context_(context), rpc_(rpc), record_(FindCallRecord(context)) {
   request_id_ =
       record_ != nullptr ? record_->request_id : RequestIdFrom(context->client_metadata());
   context->AddInitialMetadata("x-request-id", request_id_);
@@ -39,6 +39,10 @@ void CallLog::set_tenant(std::string tenant) {
 grpc::Status CallLog::Finish(const absl::Status& status) const {
   if (std::string reason = telemetry::RefusalReason(status); !reason.empty()) {
     telemetry::Refused(reason);
+  }
+  // gRPC's name for the hint; gRPC's own retry policy honours it, and every client can read it.
+  if (const int64_t ms = telemetry::RetryAfterMs(status); ms >= 0) {
+    context_->AddTrailingMetadata("grpc-retry-pushback-ms", absl::StrCat(ms));
   }
   return ToGrpcStatus(status);
 }

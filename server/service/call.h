@@ -30,12 +30,15 @@ class CallLog {
   const std::string& request_id() const { return request_id_; }
   void set_tenant(std::string tenant);
 
-  /// Counts a refusal by its reason and returns the grpc status.
+  /// Counts a refusal by its reason, adds its retry hint (telemetry::RetryAfterMs) as the
+  /// `grpc-retry-pushback-ms` trailer, and returns the grpc status. Call it once, right
+  /// before the reactor's Finish.
   grpc::Status Finish(const absl::Status& status) const;
   /// Logs an informational line tagged with the call (for mutations).
   void Info(absl::string_view what) const;
 
  private:
+  grpc::CallbackServerContext* const context_;
   std::string rpc_;
   std::string request_id_;
   std::string tenant_;

@@ -2,8 +2,10 @@
 #define TESSERA_SERVER_SERVICE_COMPUTE_SERVICE_H_
 
 #include <cstdint>
+#include <limits>
 
 #include "server/common/fair_executor.h"
+#include "server/core/validation.h"
 #include "server/service/auth.h"
 #include "tessera/v1/compute.grpc.pb.h"
 
@@ -87,9 +89,14 @@ class ComputeService final : public v1::Compute::CallbackService {
   /// and commit tenant kernels, so that no gRPC reaction copies or syncs; each transfer has
   /// at most one step queued. Tenants share them by weighted fair queueing (FairExecutor,
   /// weight = compute share): a tenant with one chunk waiting goes before one with many.
+  /// A transfer has at most one task queued, so a tenant has at most one per call it has in
+  /// flight, which its quota bounds (quota.max_requests_in_flight, at most
+  /// kMaxRequestsInFlight): a tenant within its quota is never refused here, and no global
+  /// cap lets one tenant's backlog refuse another tenant's call. The queue's size is bounded
+  /// by the sum of the tenants' quotas.
   static constexpr int kTransferThreads = 4;
-  static constexpr size_t kMaxPendingTransfers = 4096;
-  static constexpr size_t kMaxPendingTransfersPerTenant = 1024;
+  static constexpr size_t kMaxPendingTransfers = std::numeric_limits<size_t>::max();
+  static constexpr size_t kMaxPendingTransfersPerTenant = kMaxRequestsInFlight;
 
   const Authenticator* const authenticator_;
   TenantTable* const tenants_;

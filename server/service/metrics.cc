@@ -109,7 +109,7 @@ Metrics::Metrics(const TenantTable* tenants, const Backend* backend, TenantLabel
           *registry_, "tessera_admission_refusals_total",
           "Requests refused with RESOURCE_EXHAUSTED, by reason (device_memory, "
           "device_contexts, tenant_memory, queue_depth, kernel_count, requests_in_flight, "
-          "request_rate, other).")),
+          "request_rate, transfer_queue, other).")),
       build_info_(
           Build<prometheus::Gauge>(*registry_, "tessera_build_info",
                                    "Always 1; the labels describe the running server's build.")) {
@@ -120,8 +120,9 @@ Metrics::Metrics(const TenantTable* tenants, const Backend* backend, TenantLabel
             {"cuda_toolkit", build.cuda_toolkit}})
       .Set(1);
   // The refusal reasons exist from the start, so that rate() sees the first one.
-  for (const char* reason : {"device_memory", "device_contexts", "tenant_memory", "queue_depth",
-                             "kernel_count", "requests_in_flight", "request_rate"}) {
+  for (const char* reason :
+       {"device_memory", "device_contexts", "tenant_memory", "queue_depth", "kernel_count",
+        "requests_in_flight", "request_rate", "transfer_queue"}) {
     refusals_.Add({{"reason", reason}});
   }
 }

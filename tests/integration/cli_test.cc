@@ -444,6 +444,31 @@ TEST_F(CliTest, AttributeErrorsShowTheSyntax) {
   EXPECT_THAT(list.output, HasSubstr("lists hold ints ([0,1]) or floats"));
 }
 
+TEST_F(CliTest, ARefusalPastTheTenantsCallRateShowsTheServersRetryHint) {
+  v1::RegisterTenantRequest request = Registration("slow");
+  request.mutable_quota()->set_max_requests_in_flight(1);
+  request.mutable_quota()->set_requests_per_second(1);  // a bucket of one call
+  auto registered = admin_->RegisterTenant(request);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  const std::string key = registered->api_key();
+  EXPECT_EQ(Cli({"usage"}, key).exit_code, kOk);
+  auto refused = Cli({"usage"}, key);  // within the second: no token left
+  EXPECT_EQ(refused.exit_code, kRefused) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(refused.output, HasSubstr("quota.requests_per_second"));
+  EXPECT_THAT(refused.output, HasSubstr("hint: the server asks to retry in"));
+  // The C++ client keeps the same hint on the status it returns.
+  auto client = Client::Connect({.address = server_->address(), .token = key});
+  ASSERT_TRUE(client.ok());
+  absl::Status status = (*client)->GetUsage().status();
+  ASSERT_TRUE(absl::IsResourceExhausted(status)) << status;
+  const std::optional<absl::Duration> wait = RetryAfter(status);
+  ASSERT_TRUE(wait.has_value());
+  EXPECT_GT(*wait, absl::ZeroDuration());
+  EXPECT_LE(*wait, absl::Seconds(1));
+  EXPECT_FALSE(RetryAfter(absl::NotFoundError("x")).has_value());
+}
+
 TEST_F(CliTest, HumanOutputFormatsDurationsAndBytes) {
   const auto [key, handle] = TenantWithTensor();
   auto summed = Cli({"run", "sum", "--in=" + handle}, key);
@@ -517,6 +542,8 @@ TEST_F(CliTest, TenantLifecycle) {
   ASSERT_EQ(listed.exit_code, kOk) << listed.output;
   EXPECT_THAT(listed.output, HasSubstr("alpha"));
   EXPECT_THAT(listed.output, HasSubstr("2 GiB"));
+  EXPECT_THAT(listed.output, HasSubstr("IN FLIGHT   CALLS/S"));
+  EXPECT_THAT(listed.output, HasSubstr("        8    300000"));
 
   // A flag may come before the ID: --labels takes one argument.
   auto updated = Cli({"tenant", "update", "--labels", "env=prod", "alpha"});

@@ -104,6 +104,16 @@ class IsolationTest : public testing::ServerTest {
     std::vector<std::unique_ptr<grpc::ClientReader<v1::ReadTensorResponse>>> readers_;
   };
 
+  // The grpc-retry-pushback-ms trailer of a finished call (-1 if none).
+  static int64_t PushbackMs(const grpc::ClientContext& context) {
+    int64_t ms = -1;
+    auto it = context.GetServerTrailingMetadata().find("grpc-retry-pushback-ms");
+    if (it != context.GetServerTrailingMetadata().end()) {
+      (void)absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &ms);
+    }
+    return ms;
+  }
+
   // GetUsage as `key`; `pushback_ms` gets the grpc-retry-pushback-ms trailer (-1 if none).
   static grpc::Status Usage(v1::Compute::Stub* stub, const std::string& key,
                             int64_t* pushback_ms = nullptr) {
@@ -112,14 +122,7 @@ class IsolationTest : public testing::ServerTest {
     v1::GetUsageRequest request;
     v1::Usage usage;
     grpc::Status status = stub->GetUsage(&context, request, &usage);
-    if (pushback_ms != nullptr) {
-      *pushback_ms = -1;
-      auto it = context.GetServerTrailingMetadata().find("grpc-retry-pushback-ms");
-      if (it != context.GetServerTrailingMetadata().end()) {
-        (void)absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
-                               pushback_ms);
-      }
-    }
+    if (pushback_ms != nullptr) *pushback_ms = PushbackMs(context);
     return status;
   }
 };
@@ -173,6 +176,76 @@ TEST_F(IsolationTest, CallsBeyondTheInFlightQuotaAreRefusedWithAPushbackHint) {
   EXPECT_TRUE(open.Drain(1).ok());
   // Sequential calls never find their previous call still counted.
   for (int i = 0; i < 50; ++i) ASSERT_TRUE(Usage(stub.get(), busy).ok()) << i;
+}
+
+TEST_F(IsolationTest, EveryKindOfCallPastTheInFlightQuotaIsRefusedWithAPushbackHint) {
+  const std::string busy = Register("busy", /*in_flight=*/1, /*per_second=*/100000);
+  std::unique_ptr<v1::Compute::Stub> stub = Stub();
+  OpenReads open(server_->address(), busy, 1);  // holds the tenant's one slot
+  // Each kind of handler (unary on the gRPC thread, queued on the transfer executor, waiting
+  // for a job, client and server streams) answers the refusal the same way.
+  auto expect_refused = [&](const char* rpc, grpc::ClientContext& context,
+                            const grpc::Status& status) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << rpc << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr("quota.max_requests_in_flight")) << rpc;
+    EXPECT_GT(PushbackMs(context), 0) << rpc;
+  };
+  {
+    grpc::ClientContext context;
+    Prepare(&context, busy);
+    v1::LaunchRequest request;
+    request.set_kernel("fill");
+    request.set_wait(true);
+    v1::Job job;
+    expect_refused("Launch", context, stub->Launch(&context, request, &job));
+  }
+  {
+    grpc::ClientContext context;
+    Prepare(&context, busy);
+    v1::CreateTensorRequest request;
+    request.mutable_spec()->set_dtype(v1::DTYPE_F32);
+    request.mutable_spec()->add_shape(4);
+    request.set_data(std::string(16, '\0'));
+    v1::TensorInfo info;
+    expect_refused("CreateTensor", context, stub->CreateTensor(&context, request, &info));
+  }
+  {
+    grpc::ClientContext context;
+    Prepare(&context, busy);
+    v1::WaitJobRequest request;
+    request.set_job_id("job-1");
+    v1::Job job;
+    expect_refused("WaitJob", context, stub->WaitJob(&context, request, &job));
+  }
+  {
+    grpc::ClientContext context;
+    Prepare(&context, busy);
+    v1::TensorInfo response;
+    auto writer = stub->WriteTensor(&context, &response);
+    v1::WriteTensorRequest header;
+    header.mutable_header()->mutable_create()->set_dtype(v1::DTYPE_F32);
+    header.mutable_header()->mutable_create()->add_shape(4);
+    v1::WriteTensorRequest chunk;
+    chunk.mutable_chunk()->set_data(std::string(16, '\0'));
+    (void)writer->Write(header);
+    (void)writer->Write(chunk);
+    (void)writer->WritesDone();
+    expect_refused("WriteTensor", context, writer->Finish());
+  }
+  {
+    grpc::ClientContext context;
+    Prepare(&context, busy);
+    v1::ReadTensorRequest request;
+    request.set_handle("t-1");
+    auto reader = stub->ReadTensor(&context, request);
+    v1::ReadTensorResponse response;
+    while (reader->Read(&response)) {
+    }
+    expect_refused("ReadTensor", context, reader->Finish());
+  }
+  EXPECT_TRUE(open.Drain(0).ok());
+  EXPECT_TRUE(Usage(stub.get(), busy).ok());
 }
 
 TEST_F(IsolationTest, CallsBeyondTheRateQuotaAreRefusedUntilThePushbackHasPassed) {

@@ -259,6 +259,11 @@ TEST_F(ObservabilityTest, ScrapePassesPromtoolWithTheHistograms) {
   EXPECT_THAT(body, HasSubstr("tessera_admission_refusals_total{reason=\"tenant_memory\"} 1"));
   EXPECT_THAT(body, HasSubstr("tessera_admission_refusals_total{reason=\"device_memory\"} 1"));
   EXPECT_THAT(body, HasSubstr("tessera_admission_refusals_total{reason=\"queue_depth\"} 0"));
+  // The call quotas' and the transfer queue's reasons exist before their first refusal.
+  for (const char* reason : {"requests_in_flight", "request_rate", "transfer_queue"}) {
+    EXPECT_THAT(body, HasSubstr(absl::StrCat("tessera_admission_refusals_total{reason=\"", reason,
+                                             "\"} 0")));
+  }
   EXPECT_THAT(body, HasSubstr("tessera_build_info{"));
   EXPECT_THAT(body, HasSubstr("version=\"" + admin_->GetServerInfo()->version() + "\""));
 

@@ -1,6 +1,7 @@
 // TenantAdmin and Compute authentication through a real server process.
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -117,6 +118,25 @@ TEST_F(TenantAdminTest, UpdatingAQuotaIsFailedPrecondition) {
             absl::StatusCode::kFailedPrecondition);
   // The quota is untouched.
   EXPECT_EQ(admin_->GetTenant("alpha")->quota().device_memory_bytes(), kGiB);
+  // The request quotas (issue 20) are quota fields like the others.
+  for (const char* field : {"quota.max_requests_in_flight", "quota.requests_per_second"}) {
+    v1::Tenant calls = current;
+    if (absl::EndsWith(field, "in_flight")) {
+      calls.mutable_quota()->set_max_requests_in_flight(current.quota().max_requests_in_flight() +
+                                                        1);
+    } else {
+      calls.mutable_quota()->set_requests_per_second(current.quota().requests_per_second() / 2);
+    }
+    absl::Status refused = admin_->UpdateTenant(calls, {field}).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << field << ": " << refused;
+    EXPECT_EQ(admin_->UpdateTenant(calls, {}).status().code(),
+              absl::StatusCode::kFailedPrecondition)
+        << field;
+  }
+  EXPECT_EQ(admin_->GetTenant("alpha")->quota().max_requests_in_flight(),
+            current.quota().max_requests_in_flight());
+  EXPECT_EQ(admin_->GetTenant("alpha")->quota().requests_per_second(),
+            current.quota().requests_per_second());
   // Get-modify-put of other fields with the quota unchanged is fine.
   current.set_display_name("ok");
   EXPECT_TRUE(admin_->UpdateTenant(current, {}).ok());

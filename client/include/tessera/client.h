@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -124,6 +125,15 @@ class Client {
 
 /// grpc::Status to absl::Status (same code and message).
 absl::Status FromGrpcStatus(const grpc::Status& status);
+/// The same, keeping the server's retry hint (its `grpc-retry-pushback-ms` trailer, sent with
+/// RESOURCE_EXHAUSTED when a tenant is past its calls in flight or per second, or a transfer
+/// queue is full) for RetryAfter. `context` is the finished call's.
+absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext& context);
+
+/// How long the server asked the client to wait before retrying the call that failed with
+/// `status`; nullopt when it gave no hint (then retrying at once may fail the same way).
+/// Every Client method's status carries it.
+std::optional<absl::Duration> RetryAfter(const absl::Status& status);
 
 }  // namespace tessera
 

@@ -8,6 +8,8 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
+#include "server/common/telemetry.h"
+
 namespace tessera {
 namespace {
 
@@ -117,6 +119,9 @@ TEST(FairExecutorTest, KeepsEachKeysOrderAndBoundsItsQueue) {
     absl::Status full = executor.Schedule("a", 1, [] {});
     EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
     EXPECT_NE(full.message().find("\"a\""), std::string::npos) << full;
+    // Counted as its own refusal reason, with a retry hint the call layer sends as a trailer.
+    EXPECT_EQ(telemetry::RefusalReason(full), "transfer_queue");
+    EXPECT_GT(telemetry::RetryAfterMs(full), 0);
     EXPECT_TRUE(executor.Schedule("b", 1, [] {}).ok());  // another key is not affected
     EXPECT_EQ(executor.pending(), 4u);
     release.Notify();
