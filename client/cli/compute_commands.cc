@@ -405,7 +405,10 @@ int Usage(Session& s) {
             << " running, " << usage->jobs_succeeded() << " succeeded, " << usage->jobs_failed()
             << " failed, " << usage->jobs_cancelled() << " cancelled (" << usage->jobs_expired()
             << " expired)\n"
-            << "busy:    " << HumanDuration(busy) << "\n";
+            << "busy:    " << HumanDuration(busy) << "\n"
+            << "calls:   " << usage->requests_in_flight() << " in flight (this one included), "
+            << usage->requests_refused_in_flight() << " refused past max_requests_in_flight, "
+            << usage->requests_refused_rate() << " past requests_per_second\n";
   return kExitOk;
 }
 
@@ -415,7 +418,7 @@ void AddComputeCommands(CommandTree& tree) {
   AddTensorCommands(tree);
   AddRun(tree);
   AddKernelCommands(tree);
-  tree.Command(tree.root(), "usage", "Your memory, tensors, jobs and busy time",
+  tree.Command(tree.root(), "usage", "Your memory, tensors, jobs, busy time and calls",
                {.examples = {"tessera usage", "tessera usage --output=json"}}, Usage,
                kComputeSection);
 }

@@ -46,6 +46,7 @@ absl::StatusOr<std::unique_ptr<RequestGate::Ticket>> RequestGate::Begin(absl::Du
   tokens_ = std::min(burst_, tokens_ + absl::ToDoubleSeconds(now - refilled_at_) * rate_);
   refilled_at_ = now;
   if (in_flight_ >= max_in_flight_) {
+    ++refused_in_flight_;
     // A slot frees when one of the tenant's calls ends: no better hint than "soon".
     return Refusal(absl::StrFormat("the tenant has %d requests in flight, its "
                                    "quota.max_requests_in_flight; retry when one has finished",
@@ -53,6 +54,7 @@ absl::StatusOr<std::unique_ptr<RequestGate::Ticket>> RequestGate::Begin(absl::Du
                    "requests_in_flight", 10);
   }
   if (tokens_ < 1) {
+    ++refused_rate_;
     const int64_t wait_ms = static_cast<int64_t>(std::ceil((1 - tokens_) / rate_ * 1000));
     return Refusal(absl::StrFormat("the tenant sent requests faster than its "
                                    "quota.requests_per_second (%g per second, bursts of %g); "
@@ -73,6 +75,13 @@ void RequestGate::End() {
 uint32_t RequestGate::in_flight() const {
   absl::MutexLock lock(&mu_);
   return in_flight_;
+}
+
+RequestGate::Counts RequestGate::counts() const {
+  absl::MutexLock lock(&mu_);
+  return Counts{.in_flight = in_flight_,
+                .refused_in_flight = refused_in_flight_,
+                .refused_rate = refused_rate_};
 }
 
 }  // namespace tessera

@@ -50,6 +50,14 @@ class RequestGate {
 
   uint32_t in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  /// What the gate has done since it was built (registration or server start).
+  struct Counts {
+    uint32_t in_flight = 0;
+    uint64_t refused_in_flight = 0;  // past max_in_flight
+    uint64_t refused_rate = 0;       // no token left
+  };
+  Counts counts() const ABSL_LOCKS_EXCLUDED(mu_);
+
   /// The bucket's size for a rate: a tenth of a second of requests, at least `max_in_flight`.
   static double BurstFor(uint32_t max_in_flight, double rate);
 
@@ -61,6 +69,8 @@ class RequestGate {
   const double burst_;
   mutable absl::Mutex mu_;
   uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refused_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refused_rate_ ABSL_GUARDED_BY(mu_) = 0;
   double tokens_ ABSL_GUARDED_BY(mu_);
   absl::Duration refilled_at_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   bool started_ ABSL_GUARDED_BY(mu_) = false;

@@ -745,6 +745,7 @@ UsageInfo TenantRuntime::Usage() const {
     context = context_;
   }
   u.busy_time = context != nullptr ? context->busy_time() : absl::ZeroDuration();
+  u.requests = requests_.counts();
   return u;
 }
 

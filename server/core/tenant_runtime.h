@@ -91,6 +91,8 @@ struct UsageInfo {
   /// Of jobs_cancelled: those whose deadline passed while queued.
   uint64_t jobs_expired = 0;
   absl::Duration busy_time;
+  /// The tenant's RequestGate: calls in flight now, calls refused past its call quotas.
+  RequestGate::Counts requests;
 };
 
 inline constexpr size_t kMaxProgramSteps = 256;

@@ -270,6 +270,9 @@ void UsageToProto(const UsageInfo& u, v1::Usage* proto) {
   int64_t ns = absl::ToInt64Nanoseconds(u.busy_time);
   proto->mutable_busy_time()->set_seconds(ns / 1000000000);
   proto->mutable_busy_time()->set_nanos(static_cast<int32_t>(ns % 1000000000));
+  proto->set_requests_in_flight(u.requests.in_flight);
+  proto->set_requests_refused_in_flight(u.requests.refused_in_flight);
+  proto->set_requests_refused_rate(u.requests.refused_rate);
 }
 
 void KernelDefToProto(const kernels::KernelDef& k, v1::KernelInfo* info) {

@@ -482,6 +482,8 @@ TEST_F(CliTest, HumanOutputFormatsDurationsAndBytes) {
       usage.output, std::regex(R"(\nbusy: +([0-9]{1,3}(\.[0-9]{1,2})? (ns|µs|ms|s)|0 s)\n)")))
       << usage.output;
   EXPECT_THAT(usage.output, HasSubstr("used of 1 GiB"));
+  EXPECT_THAT(usage.output, HasSubstr("calls:   1 in flight (this one included), 0 refused past "
+                                      "max_requests_in_flight, 0 past requests_per_second\n"));
   EXPECT_THAT(usage.output, HasSubstr("2 succeeded"));
   EXPECT_THAT(usage.output, HasSubstr("tensors: 2\n"));
   auto ls = Cli({"tensor", "ls"}, key);

@@ -170,9 +170,18 @@ TEST_F(IsolationTest, CallsBeyondTheInFlightQuotaAreRefusedWithAPushbackHint) {
   EXPECT_GT(pushback_ms, 0);
   // Another tenant is not affected.
   EXPECT_TRUE(Usage(stub.get(), quiet).ok());
-  // Ending one download frees a slot.
+  // Ending one download frees a slot; GetUsage then shows the calls in flight (the other
+  // download and itself) and the refusal.
   EXPECT_TRUE(open.Drain(0).ok());
-  EXPECT_TRUE(Usage(stub.get(), busy).ok());
+  {
+    grpc::ClientContext context;
+    Prepare(&context, busy);
+    v1::Usage usage;
+    ASSERT_TRUE(stub->GetUsage(&context, v1::GetUsageRequest(), &usage).ok());
+    EXPECT_EQ(usage.requests_in_flight(), 2u);
+    EXPECT_EQ(usage.requests_refused_in_flight(), 1u);
+    EXPECT_EQ(usage.requests_refused_rate(), 0u);
+  }
   EXPECT_TRUE(open.Drain(1).ok());
   // Sequential calls never find their previous call still counted.
   for (int i = 0; i < 50; ++i) ASSERT_TRUE(Usage(stub.get(), busy).ok()) << i;
@@ -262,7 +271,13 @@ TEST_F(IsolationTest, CallsBeyondTheRateQuotaAreRefusedUntilThePushbackHasPassed
   EXPECT_LE(pushback_ms, 200);  // one call at 5 per second
   EXPECT_TRUE(Usage(stub.get(), quiet).ok());
   absl::SleepFor(absl::Milliseconds(pushback_ms + 20));
-  EXPECT_TRUE(Usage(stub.get(), slow).ok());
+  grpc::ClientContext context;
+  Prepare(&context, slow);
+  v1::Usage usage;
+  ASSERT_TRUE(stub->GetUsage(&context, v1::GetUsageRequest(), &usage).ok());
+  EXPECT_EQ(usage.requests_in_flight(), 1u);  // this call
+  EXPECT_EQ(usage.requests_refused_rate(), 1u);
+  EXPECT_EQ(usage.requests_refused_in_flight(), 0u);
 }
 
 TEST_F(IsolationTest, ASaturatingTenantDoesNotRefuseAQuietOne) {

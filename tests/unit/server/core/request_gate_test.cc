@@ -30,6 +30,10 @@ TEST(RequestGateTest, BoundsTheCallsInFlightAndFreesASlotWhenATicketGoes) {
   EXPECT_EQ(gate.in_flight(), 1u);
   EXPECT_TRUE(gate.Begin(t).ok());  // a ticket destroyed at once frees its slot again
   EXPECT_EQ(gate.in_flight(), 1u);
+  const RequestGate::Counts counts = gate.counts();
+  EXPECT_EQ(counts.in_flight, 1u);
+  EXPECT_EQ(counts.refused_in_flight, 1u);
+  EXPECT_EQ(counts.refused_rate, 0u);
 }
 
 TEST(RequestGateTest, ATokenBucketLimitsTheRateAndSaysWhenToRetry) {
@@ -41,6 +45,8 @@ TEST(RequestGateTest, ATokenBucketLimitsTheRateAndSaysWhenToRetry) {
   EXPECT_THAT(refused.message(), HasSubstr("quota.requests_per_second (10 per second"));
   EXPECT_EQ(telemetry::RefusalReason(refused), "request_rate");
   EXPECT_EQ(RetryAfterMs(refused), 100);  // one token at 10 per second
+  EXPECT_EQ(gate.counts().refused_rate, 1u);
+  EXPECT_EQ(gate.counts().refused_in_flight, 0u);
   t += absl::Milliseconds(100);
   EXPECT_TRUE(gate.Begin(t).ok());
   EXPECT_FALSE(gate.Begin(t).ok());
