@@ -206,7 +206,9 @@ def test_request_quotas_and_the_retry_hint(server, admin: tessera.Admin) -> None
         assert "quota.requests_per_second" in e.value.message
         assert e.value.retry_after is not None and 0 < e.value.retry_after <= 0.2
         time.sleep(e.value.retry_after + 0.02)
-        c.usage()
+        usage = c.usage()
+        assert usage.requests_in_flight == 1  # this call
+        assert usage.requests_refused_rate == 1 and usage.requests_refused_in_flight == 0
     admin.deregister("rate-1")
 
 
