@@ -10,8 +10,8 @@
 namespace tessera {
 namespace {
 
-// A queue drains at the threads' pace (a 1 MiB chunk copies in well under a millisecond), so
-// a short wait is enough; the client is told so with the refusal.
+// A queue drains at the threads' pace (a 1 MiB chunk copies in well under a millisecond; the
+// executor also runs kernel commits), so a short wait is enough; the client is told so.
 constexpr int64_t kRetryAfterMs = 50;
 
 absl::Status Refusal(std::string message) {

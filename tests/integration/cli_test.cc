@@ -452,7 +452,10 @@ TEST_F(CliTest, ARefusalPastTheTenantsCallRateShowsTheServersRetryHint) {
   ASSERT_TRUE(registered.ok()) << registered.status();
   const std::string key = registered->api_key();
   EXPECT_EQ(Cli({"usage"}, key).exit_code, kOk);
-  auto refused = Cli({"usage"}, key);  // within the second: no token left
+  // The next call within the second is refused (a refusal takes no token); a slow machine
+  // may let a second pass, so try a few times.
+  testing::CommandResult refused;
+  for (int i = 0; i < 5 && refused.exit_code != kRefused; ++i) refused = Cli({"usage"}, key);
   EXPECT_EQ(refused.exit_code, kRefused) << refused.output;
   EXPECT_THAT(refused.output, HasSubstr("RESOURCE_EXHAUSTED"));
   EXPECT_THAT(refused.output, HasSubstr("quota.requests_per_second"));
@@ -460,7 +463,10 @@ TEST_F(CliTest, ARefusalPastTheTenantsCallRateShowsTheServersRetryHint) {
   // The C++ client keeps the same hint on the status it returns.
   auto client = Client::Connect({.address = server_->address(), .token = key});
   ASSERT_TRUE(client.ok());
-  absl::Status status = (*client)->GetUsage().status();
+  absl::Status status;
+  for (int i = 0; i < 5 && !absl::IsResourceExhausted(status); ++i) {
+    status = (*client)->GetUsage().status();
+  }
   ASSERT_TRUE(absl::IsResourceExhausted(status)) << status;
   const std::optional<absl::Duration> wait = RetryAfter(status);
   ASSERT_TRUE(wait.has_value());

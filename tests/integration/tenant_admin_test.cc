@@ -118,7 +118,8 @@ TEST_F(TenantAdminTest, UpdatingAQuotaIsFailedPrecondition) {
             absl::StatusCode::kFailedPrecondition);
   // The quota is untouched.
   EXPECT_EQ(admin_->GetTenant("alpha")->quota().device_memory_bytes(), kGiB);
-  // The request quotas (issue 20) are quota fields like the others.
+  // The request quotas (issue 20) are quota fields like the others: refused when named (as
+  // every quota.* path is) and when a get-modify-put with an empty mask changes them.
   for (const char* field : {"quota.max_requests_in_flight", "quota.requests_per_second"}) {
     v1::Tenant calls = current;
     if (absl::EndsWith(field, "in_flight")) {
