@@ -5,8 +5,6 @@
 #include <cmath>
 #include <string>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 #include "server/common/telemetry.h"

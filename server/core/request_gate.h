@@ -10,19 +10,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-#include "server/common/telemetry.h"
-
 namespace tessera {
-
-/// A refusal's retry hint (server/common/telemetry.h), which the call layer sends as
-/// `grpc-retry-pushback-ms`.
-using telemetry::RetryAfterMs;
 
 /// Bounds the server-side work one tenant can have at once: at most `max_in_flight` requests
 /// being handled (each held from authentication until its call ends, streams included) and a
 /// token bucket of `rate` requests per second with `burst` tokens. Refusals are
 /// RESOURCE_EXHAUSTED naming the quota field and its value, with a retry hint
-/// (telemetry::kRetryAfterMsPayload) and a refusal reason ("requests_in_flight" or "request_rate").
+/// (telemetry::RetryAfterMs; the call layer sends it as `grpc-retry-pushback-ms`) and a
+/// refusal reason ("requests_in_flight" or "request_rate").
 ///
 /// Thread-safe; never blocks beyond its own short lock.
 class RequestGate {

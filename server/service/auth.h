@@ -26,9 +26,8 @@ class Authenticator {
   /// UNAUTHENTICATED otherwise. Also starts the call in the tenant's RequestGate, holding its
   /// ticket in the call's record (access_log.h) until the call ends: RESOURCE_EXHAUSTED, with
   /// a retry hint (CallLog::Finish sends it as `grpc-retry-pushback-ms`), past
-  /// quota.max_requests_in_flight or
-  /// quota.requests_per_second. (Without the access log interceptor, as in tests that build
-  /// a service alone, there is no record and no gate.)
+  /// quota.max_requests_in_flight or quota.requests_per_second. (Without the access log
+  /// interceptor, as in tests that build a service alone, there is no record and no gate.)
   absl::StatusOr<std::shared_ptr<TenantRuntime>> AuthenticateTenant(
       grpc::ServerContextBase& context) const;
 

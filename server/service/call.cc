@@ -39,10 +39,11 @@ void CallLog::set_tenant(std::string tenant) {
 grpc::Status CallLog::Finish(const absl::Status& status) const {
   if (std::string reason = telemetry::RefusalReason(status); !reason.empty()) {
     telemetry::Refused(reason);
-  }
-  // gRPC's name for the hint; gRPC's own retry policy honours it, and every client can read it.
-  if (const int64_t ms = telemetry::RetryAfterMs(status); ms >= 0) {
-    context_->AddTrailingMetadata("grpc-retry-pushback-ms", absl::StrCat(ms));
+    // Hints come only with refusals. gRPC's name for one: gRPC's own retry policy honours
+    // it, and every client can read it.
+    if (const int64_t ms = telemetry::RetryAfterMs(status); ms >= 0) {
+      context_->AddTrailingMetadata("grpc-retry-pushback-ms", absl::StrCat(ms));
+    }
   }
   return ToGrpcStatus(status);
 }

@@ -191,7 +191,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
         response_(response) {
     absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime = auth->AuthenticateTenant(*context);
     if (!runtime.ok()) {
-      Fail(runtime.status());
+      Answer(runtime.status());
       return;
     }
     runtime_ = *std::move(runtime);
@@ -228,7 +228,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
   void Post(absl::AnyInvocable<void() &&> task) {
     absl::Status queued =
         transfers_->Schedule(runtime_->tenant_id(), Weight(*runtime_), std::move(task));
-    if (!queued.ok()) Fail(queued);
+    if (!queued.ok()) Answer(queued);
   }
 
   // The buffer gRPC just filled; gRPC reads into the other one from now on.
@@ -252,7 +252,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
   void Consume(int index) {
     absl::Status status = ConsumeMessage(buffers_[index]);
     buffers_[index].Clear();  // the chunk's bytes are in the staging copy now
-    if (!status.ok()) return Fail(status);
+    if (!status.ok()) return Answer(status);
     int next = -1;
     {
       absl::MutexLock lock(&mu_);
@@ -297,30 +297,26 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorR
   // The client stopped sending: half-closed (commit) or gone (commit nothing).
   void Complete() {
     if (cancelled_.load() || context_->IsCancelled()) {
-      return Fail(absl::CancelledError("the client cancelled the upload; nothing was written"));
+      return Answer(absl::CancelledError("the client cancelled the upload; nothing was written"));
     }
-    if (writer_ == nullptr) return Fail(absl::InvalidArgumentError("no header was sent"));
+    if (writer_ == nullptr) return Answer(absl::InvalidArgumentError("no header was sent"));
     const bool created = writer_->info().handle.empty();
     absl::StatusOr<TensorInfo> info = writer_->Finish();
-    if (!info.ok()) return Fail(info.status());
+    if (!info.ok()) return Answer(info.status());
     if (cancelled_.load() && created) {
       // Gone while committing: the new tensor's handle would reach nobody.
       (void)runtime_->DeleteTensor(info->handle);
-      return Fail(absl::CancelledError("the client cancelled the upload; nothing was written"));
+      return Answer(absl::CancelledError("the client cancelled the upload; nothing was written"));
     }
     TensorInfoToProto(*info, response_);
-    writer_.reset();
-    {
-      absl::MutexLock lock(&mu_);
-      finished_ = true;
-    }
-    Finish(log_.Finish(absl::OkStatus()));
+    Answer(absl::OkStatus());
   }
 
-  // The writer is released before the answer goes out, so a client's next call never finds
-  // the tensor still held by this upload. A read may still be in flight: its OnReadDone
-  // sees `finished_` and does nothing, and OnDone waits for it.
-  void Fail(const absl::Status& status) {
+  // Ends the call with `status` (OK: the commit above succeeded). The writer is released
+  // before the answer goes out, so a client's next call never finds the tensor still held by
+  // this upload. A read may still be in flight: its OnReadDone sees `finished_` and does
+  // nothing, and OnDone waits for it.
+  void Answer(const absl::Status& status) {
     writer_.reset();
     {
       absl::MutexLock lock(&mu_);
@@ -439,7 +435,7 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorRe
   }
 
   // The reader and the staging charge are released before the final status goes out (see
-  // WriteTensorReactor::Fail): a client's next GetUsage never sees this download.
+  // WriteTensorReactor::Answer): a client's next GetUsage never sees this download.
   void Done(const absl::Status& status) {
     reader_.reset();
     staging_.Release();

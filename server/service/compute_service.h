@@ -86,14 +86,12 @@ class ComputeService final : public v1::Compute::CallbackService {
                                     v1::Job* response, absl::Status parse_error);
 
   /// Threads that copy tensor bytes (CreateTensor data, WriteTensor and ReadTensor chunks)
-  /// and commit tenant kernels, so that no gRPC reaction copies or syncs; each transfer has
-  /// at most one step queued. Tenants share them by weighted fair queueing (FairExecutor,
-  /// weight = compute share): a tenant with one chunk waiting goes before one with many.
-  /// A transfer has at most one task queued, so a tenant has at most one per call it has in
-  /// flight, which its quota bounds (quota.max_requests_in_flight, at most
-  /// kMaxRequestsInFlight): a tenant within its quota is never refused here, and no global
-  /// cap lets one tenant's backlog refuse another tenant's call. The queue's size is bounded
-  /// by the sum of the tenants' quotas.
+  /// and commit tenant kernels, so that no gRPC reaction copies or syncs. Tenants share them
+  /// by weighted fair queueing (FairExecutor, weight = compute share): a tenant with one chunk
+  /// waiting goes before one with many. A call has at most one task queued, so a tenant has
+  /// at most quota.max_requests_in_flight (≤ kMaxRequestsInFlight): one within its quota is
+  /// never refused here, and with no global cap one tenant's backlog never refuses another's
+  /// call. The queue is bounded by the sum of the tenants' quotas.
   static constexpr int kTransferThreads = 4;
   static constexpr size_t kMaxPendingTransfers = std::numeric_limits<size_t>::max();
   static constexpr size_t kMaxPendingTransfersPerTenant = kMaxRequestsInFlight;

@@ -25,7 +25,7 @@ TEST(RequestGateTest, BoundsTheCallsInFlightAndFreesASlotWhenATicketGoes) {
   EXPECT_THAT(third.message(), HasSubstr("quota.max_requests_in_flight"));
   EXPECT_THAT(third.message(), HasSubstr("2 requests in flight"));
   EXPECT_EQ(telemetry::RefusalReason(third), "requests_in_flight");
-  EXPECT_GT(RetryAfterMs(third), 0);
+  EXPECT_GT(telemetry::RetryAfterMs(third), 0);
   first->reset();
   EXPECT_EQ(gate.in_flight(), 1u);
   EXPECT_TRUE(gate.Begin(t).ok());  // a ticket destroyed at once frees its slot again
@@ -44,7 +44,7 @@ TEST(RequestGateTest, ATokenBucketLimitsTheRateAndSaysWhenToRetry) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.message(), HasSubstr("quota.requests_per_second (10 per second"));
   EXPECT_EQ(telemetry::RefusalReason(refused), "request_rate");
-  EXPECT_EQ(RetryAfterMs(refused), 100);  // one token at 10 per second
+  EXPECT_EQ(telemetry::RetryAfterMs(refused), 100);  // one token at 10 per second
   EXPECT_EQ(gate.counts().refused_rate, 1u);
   EXPECT_EQ(gate.counts().refused_in_flight, 0u);
   t += absl::Milliseconds(100);
@@ -71,8 +71,8 @@ TEST(RequestGateTest, BurstIsATenthOfASecondAndAtLeastTheSlots) {
 }
 
 TEST(RequestGateTest, NoRetryHintOnOtherStatuses) {
-  EXPECT_EQ(RetryAfterMs(absl::ResourceExhaustedError("x")), -1);
-  EXPECT_EQ(RetryAfterMs(absl::OkStatus()), -1);
+  EXPECT_EQ(telemetry::RetryAfterMs(absl::ResourceExhaustedError("x")), -1);
+  EXPECT_EQ(telemetry::RetryAfterMs(absl::OkStatus()), -1);
 }
 
 }  // namespace
