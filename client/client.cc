@@ -1,12 +1,20 @@
 #include "tessera/client.h"
 
+#include <algorithm>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+
+#include "client/region_pool.h"
 
 namespace tessera {
 namespace {
@@ -17,6 +25,14 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
   std::stringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
+}
+
+// PATH of a "unix:PATH" or "unix://PATH" address (gRPC's forms); "" for any other.
+std::string UnixSocketPath(absl::string_view address) {
+  if (absl::ConsumePrefix(&address, "unix://") || absl::ConsumePrefix(&address, "unix:")) {
+    return std::string(address);
+  }
+  return "";
 }
 
 // The server's limit on CreateTensorRequest.data (docs/api.md, "Bad requests"): larger
@@ -35,6 +51,120 @@ absl::StatusOr<Response> Unary(const Client& client, Call call) {
 
 // The payload that carries the retry hint on an absl::Status (the server uses the same key).
 constexpr char kRetryAfterMsPayload[] = "type.tessera.dev/retry-after-ms";
+
+// Reads a message's bytes across its slices, front to back.
+class SliceCursor {
+ public:
+  SliceCursor(const std::vector<grpc::Slice>& slices, uint64_t total)
+      : slices_(slices), left_(total) {}
+
+  uint64_t left() const { return left_; }
+
+  bool ReadByte(uint8_t* byte) {
+    if (left_ == 0) return false;
+    while (position_ == slices_[index_].size()) {
+      ++index_;
+      position_ = 0;
+    }
+    *byte = slices_[index_].begin()[position_++];
+    --left_;
+    return true;
+  }
+
+  // Protobuf's base-128 varint (at most 10 bytes).
+  bool ReadVarint(uint64_t* value) {
+    *value = 0;
+    for (int i = 0; i < 10; ++i) {
+      uint8_t byte = 0;
+      if (!ReadByte(&byte)) return false;
+      *value |= static_cast<uint64_t>(byte & 0x7f) << (7 * i);
+      if ((byte & 0x80) == 0) return true;
+    }
+    return false;
+  }
+
+  // The next `bytes` (at most left()) where they lie, one view per slice they span.
+  void Take(uint64_t bytes, std::vector<absl::string_view>* pieces) {
+    left_ -= bytes;
+    while (bytes > 0) {
+      const grpc::Slice& slice = slices_[index_];
+      const uint64_t n = std::min<uint64_t>(bytes, slice.size() - position_);
+      if (n > 0) {
+        pieces->emplace_back(reinterpret_cast<const char*>(slice.begin()) + position_, n);
+      }
+      position_ += n;
+      bytes -= n;
+      if (position_ == slice.size()) {
+        ++index_;
+        position_ = 0;
+      }
+    }
+  }
+
+ private:
+  const std::vector<grpc::Slice>& slices_;
+  size_t index_ = 0;
+  size_t position_ = 0;
+  uint64_t left_;
+};
+
+// One ReadTensorResponse: its `info` when it has one, and its chunk's `offset` and data, which
+// `pieces` show where gRPC received them (in `slices`), so that Download copies each byte once.
+// Not copied or moved once filled.
+struct ReadReply {
+  std::optional<v1::TensorInfo> info;
+  uint64_t offset = 0;
+  std::vector<absl::string_view> pieces;
+  std::vector<grpc::Slice> slices;
+  v1::ReadTensorResponse parsed;  // a message of another form, parsed by protobuf
+};
+
+// The server's form, `info` (first reply only) then `chunk { offset data }`, read by hand.
+// False for anything else (fields in another order, unknown or repeated ones).
+bool ReadServersForm(const grpc::ByteBuffer& message, ReadReply* reply) {
+  if (!message.Dump(&reply->slices).ok()) return false;
+  SliceCursor in(reply->slices, message.Length());
+  uint8_t tag = 0;
+  uint64_t length = 0;
+  if (!in.ReadByte(&tag)) return false;
+  if (tag == ((1 << 3) | 2)) {  // info
+    std::vector<absl::string_view> pieces;
+    if (!in.ReadVarint(&length) || length > in.left()) return false;
+    in.Take(length, &pieces);
+    std::string bytes;
+    for (absl::string_view piece : pieces) bytes.append(piece.data(), piece.size());
+    if (!reply->info.emplace().ParseFromString(bytes) || !in.ReadByte(&tag)) return false;
+  }
+  if (tag != ((2 << 3) | 2) || !in.ReadVarint(&length) || length != in.left()) return false;
+  bool has_offset = false;
+  while (in.ReadByte(&tag)) {
+    if (tag == ((1 << 3) | 0) && !has_offset) {  // offset
+      if (!in.ReadVarint(&reply->offset)) return false;
+      has_offset = true;
+    } else if (tag == ((2 << 3) | 2)) {  // data, last
+      if (!in.ReadVarint(&length) || length != in.left()) return false;
+      in.Take(length, &reply->pieces);
+      return true;
+    } else {
+      return false;
+    }
+  }
+  return true;  // no data
+}
+
+// Reads one reply; false when it is not a ReadTensorResponse at all.
+bool ReadReplyFrom(const grpc::ByteBuffer& message, ReadReply* reply) {
+  if (!message.Valid()) return true;  // no bytes: the empty message
+  if (ReadServersForm(message, reply)) return true;
+  *reply = ReadReply();
+  grpc::ByteBuffer bytes(message);
+  grpc::ProtoBufferReader reader(&bytes);
+  if (!reader.status().ok() || !reply->parsed.ParseFromZeroCopyStream(&reader)) return false;
+  if (reply->parsed.has_info()) reply->info = reply->parsed.info();
+  reply->offset = reply->parsed.chunk().offset();
+  reply->pieces.push_back(reply->parsed.chunk().data());
+  return true;
+}
 
 }  // namespace
 
@@ -97,8 +227,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
       channel_(std::move(channel)),
+      unix_socket_path_(UnixSocketPath(options_.address)),
       admin_(v1::TenantAdmin::NewStub(channel_)),
-      compute_(v1::Compute::NewStub(channel_)) {}
+      compute_(v1::Compute::NewStub(channel_)),
+      regions_(std::make_unique<RegionPool>()) {}
+
+Client::~Client() {
+  // Unregistered while the stubs still exist.
+  regions_->TakeAll().clear();
+}
 
 std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -214,6 +351,10 @@ absl::StatusOr<v1::TensorInfo> Client::CreateTensor(const v1::TensorSpec& spec,
 absl::StatusOr<v1::TensorInfo> Client::Write(const v1::WriteHeader& header, absl::string_view data,
                                              size_t chunk_bytes, const Progress& progress) {
   if (chunk_bytes == 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
+  if (std::optional<absl::StatusOr<v1::TensorInfo>> written = WriteThroughRegion(header, data)) {
+    if (written->ok() && progress) progress(data.size(), data.size());
+    return *std::move(written);
+  }
   std::unique_ptr<grpc::ClientContext> context = NewContext();
   v1::TensorInfo response;
   auto writer = compute_->WriteTensor(context.get(), &response);
@@ -251,31 +392,65 @@ absl::StatusOr<v1::TensorInfo> Client::Overwrite(absl::string_view handle, absl:
 absl::StatusOr<std::string> Client::Download(absl::string_view handle, uint64_t offset,
                                              uint64_t length, uint32_t chunk_bytes,
                                              const Progress& progress) {
+  if (std::optional<absl::StatusOr<std::string>> read = ReadThroughRegion(handle, offset, length)) {
+    if (read->ok() && progress) progress((*read)->size(), (*read)->size());
+    return *std::move(read);
+  }
   std::unique_ptr<grpc::ClientContext> context = NewContext();
   v1::ReadTensorRequest request;
   request.set_handle(std::string(handle));
   request.set_offset(offset);
   request.set_length(length);
   request.set_chunk_bytes(chunk_bytes);
-  auto reader = compute_->ReadTensor(context.get(), request);
+  // Replies are read as gRPC received them (ByteBuffer) and their data appended to the result
+  // from there: one copy, where a generated reader would parse each into a string first. One
+  // operation at a time on a queue of the call's own, each waited for.
+  grpc::TemplatedGenericStub<v1::ReadTensorRequest, grpc::ByteBuffer> stub(channel_);
+  grpc::CompletionQueue queue;
+  auto done = [&queue] {
+    void* tag = nullptr;
+    bool ok = false;
+    return queue.Next(&tag, &ok) && ok;
+  };
+  auto call = stub.PrepareCall(context.get(), "/tessera.v1.Compute/ReadTensor", &queue);
+  call->StartCall(nullptr);
+  bool open = done();
+  if (open) {
+    call->WriteLast(request, grpc::WriteOptions(), nullptr);
+    open = done();
+  }
   std::string bytes;
   uint64_t total = 0;
-  v1::ReadTensorResponse message;
-  while (reader->Read(&message)) {
-    if (message.has_info()) {
-      total = length != 0 ? length : message.info().size_bytes() - offset;
+  absl::Status broken;
+  for (grpc::ByteBuffer message; open;) {
+    call->Read(&message, nullptr);
+    if (!done()) break;
+    ReadReply reply;
+    if (!ReadReplyFrom(message, &reply)) {
+      broken =
+          absl::DataLossError("ReadTensor returned a message that is not a ReadTensorResponse");
+    } else if (reply.offset != offset + bytes.size()) {
+      broken = absl::DataLossError("ReadTensor returned chunks out of order");
+    }
+    if (!broken.ok()) {
+      context->TryCancel();
+      break;
+    }
+    if (reply.info.has_value()) {
+      total = length != 0 ? length : reply.info->size_bytes() - offset;
       bytes.reserve(total);
     }
-    const v1::Chunk& chunk = message.chunk();
-    if (chunk.offset() != offset + bytes.size()) {
-      context->TryCancel();
-      reader->Finish();
-      return absl::DataLossError("ReadTensor returned chunks out of order");
-    }
-    bytes.append(chunk.data());
+    for (absl::string_view piece : reply.pieces) bytes.append(piece.data(), piece.size());
     if (progress) progress(bytes.size(), total);
   }
-  grpc::Status status = reader->Finish();
+  grpc::Status status;
+  call->Finish(&status, nullptr);
+  done();
+  queue.Shutdown();
+  void* tag = nullptr;
+  for (bool ok = false; queue.Next(&tag, &ok);) {
+  }
+  if (!broken.ok()) return broken;
   if (!status.ok()) return FromGrpcStatus(status, *context);
   return bytes;
 }
@@ -391,6 +566,55 @@ absl::StatusOr<v1::Usage> Client::GetUsage() {
   v1::GetUsageRequest request;
   return Unary<v1::Usage>(*this, [&](auto* context, auto* response) {
     return compute_->GetUsage(context, request, response);
+  });
+}
+
+// ---- Shared-memory regions (SharedRegion and the transfers through them: region.cc) ----------
+
+absl::StatusOr<v1::RegionTicket> Client::BeginRegion(uint64_t size_bytes) {
+  v1::BeginRegionRequest request;
+  request.set_size_bytes(size_bytes);
+  return Unary<v1::RegionTicket>(*this, [&](auto* context, auto* response) {
+    return compute_->BeginRegion(context, request, response);
+  });
+}
+
+absl::StatusOr<v1::Region> Client::FinishRegion(absl::string_view ticket) {
+  v1::FinishRegionRequest request;
+  request.set_ticket(std::string(ticket));
+  return Unary<v1::Region>(*this, [&](auto* context, auto* response) {
+    return compute_->FinishRegion(context, request, response);
+  });
+}
+
+absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions() {
+  v1::ListRegionsRequest request;
+  return Unary<v1::ListRegionsResponse>(*this, [&](auto* context, auto* response) {
+    return compute_->ListRegions(context, request, response);
+  });
+}
+
+absl::StatusOr<uint64_t> Client::UnregisterRegion(absl::string_view handle) {
+  v1::UnregisterRegionRequest request;
+  request.set_handle(std::string(handle));
+  auto response = Unary<v1::UnregisterRegionResponse>(*this, [&](auto* context, auto* r) {
+    return compute_->UnregisterRegion(context, request, r);
+  });
+  if (!response.ok()) return response.status();
+  return response->released_bytes();
+}
+
+absl::StatusOr<v1::TensorInfo> Client::WriteTensorFromRegion(
+    const v1::WriteTensorFromRegionRequest& request) {
+  return Unary<v1::TensorInfo>(*this, [&](auto* context, auto* response) {
+    return compute_->WriteTensorFromRegion(context, request, response);
+  });
+}
+
+absl::StatusOr<v1::ReadTensorIntoRegionResponse> Client::ReadTensorIntoRegion(
+    const v1::ReadTensorIntoRegionRequest& request) {
+  return Unary<v1::ReadTensorIntoRegionResponse>(*this, [&](auto* context, auto* response) {
+    return compute_->ReadTensorIntoRegion(context, request, response);
   });
 }
 

@@ -24,7 +24,16 @@ cmake --build --preset "$preset" -j "$jobs"
 case "${1:-}" in
   serve)
     shift
-    exec "$build_dir/server/tessera-server" "$@"
+    # Clients on this machine reach the server over a Unix socket too (regions: tensors at
+    # memory speed), unless the caller names their own.
+    unix=()
+    if [[ " $* " != *" --unix_socket="* ]]; then
+      socket=$root/var/tessera.sock
+      ((${#socket} <= 99)) || socket=var/tessera.sock  # sun_path holds 107 bytes with ".regions"
+      mkdir -p "$root/var"
+      unix=(--unix_socket="$socket")
+    fi
+    exec "$build_dir/server/tessera-server" "${unix[@]}" "$@"
     ;;
   test)
     shift

@@ -33,6 +33,11 @@
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "host:port to serve on (port 0: any free port)");
+ABSL_FLAG(std::string, unix_socket, "",
+          "Also serve on this Unix-domain socket path (mode 0660, plaintext, same services and "
+          "credentials), with the shared-memory regions' descriptor socket at PATH.regions");
+ABSL_FLAG(std::string, unix_socket_group, "",
+          "Group of --unix_socket and its descriptor socket (default: the server's group)");
 ABSL_FLAG(std::string, state_dir, "./var", "Directory for the tenant table and admin token");
 ABSL_FLAG(std::string, admin_token_file, "",
           "Admin token file (default STATE_DIR/admin.token, created 0600 when absent); the "
@@ -213,8 +218,8 @@ struct FlagTopic {
 const std::vector<FlagTopic>& FlagTopics() {
   static const std::vector<FlagTopic> topics = {
       {"Serving",
-       {"listen", "state_dir", "admin_token_file", "health_listen", "max_message_bytes",
-        "shutdown_grace", "drain_timeout"}},
+       {"listen", "unix_socket", "unix_socket_group", "state_dir", "admin_token_file",
+        "health_listen", "max_message_bytes", "shutdown_grace", "drain_timeout"}},
       {"TLS", {"tls_cert", "tls_key", "tls_client_ca"}},
       {"Backend and admission",
        {"backend", "cpu_memory_bytes", "cpu_threads", "cpu_worker_nice", "memory_overcommit",
@@ -409,6 +414,8 @@ int main(int argc, char** argv) {
 
   tessera::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  options.unix_socket_group = absl::GetFlag(FLAGS_unix_socket_group);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.admin_token_file = absl::GetFlag(FLAGS_admin_token_file);
   if (const char* env = std::getenv("TESSERA_ADMIN_TOKEN")) options.admin_token_env = env;
@@ -476,7 +483,8 @@ int main(int argc, char** argv) {
                        {"backend", (*server)->backend_reason()},
                        {"admin_token", admin.source},
                        {"admin_token_generated", admin.created ? "true" : "false"},
-                       {"try", try_command}});
+                       {"try", try_command},
+                       {"unix_socket", absl::GetFlag(FLAGS_unix_socket)}});
     spdlog::default_logger()->flush();
   } else {
     std::cout << "tessera-server listening on " << address << " (" << (*server)->backend_reason()
@@ -484,6 +492,12 @@ int main(int argc, char** argv) {
               << "admin token: " << admin.source << (admin.created ? " (generated now)" : "")
               << "\n"
               << "try: " << try_command << std::endl;
+    if (!absl::GetFlag(FLAGS_unix_socket).empty()) {
+      std::cout << "unix socket: " << absl::GetFlag(FLAGS_unix_socket)
+                << " (clients on this node: TESSERA_ADDR=unix:" << absl::GetFlag(FLAGS_unix_socket)
+                << "; grpcurl -plaintext -unix " << absl::GetFlag(FLAGS_unix_socket) << " ...)"
+                << std::endl;
+    }
   }
 
   // Under systemd (Type=notify): ready only now that the port serves.

@@ -4,6 +4,10 @@
 #include <sstream>
 #include <utility>
 
+#include <grp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.pb.h"
@@ -18,9 +22,11 @@
 #include "server/common/status_macros.h"
 #include "server/common/telemetry.h"
 #include "server/core/admission.h"
+#include "server/core/region_tickets.h"
 #include "server/core/tenant_table.h"
 #include "server/service/auth.h"
 #include "server/service/compute_service.h"
+#include "server/service/region_socket.h"
 #include "server/service/tenant_admin_service.h"
 #include "server/store/state_dir.h"
 #include "server/store/tenant_store.h"
@@ -199,8 +205,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
                  : !opts.metrics.token_file.empty()  ? "bearer token required"
                                                      : "loopback only, no token");
   }
+  if (!opts.unix_socket.empty()) server->region_tickets_ = std::make_unique<RegionTickets>();
   server->compute_service_ = std::make_unique<ComputeService>(
-      server->authenticator_.get(), server->tenants_.get(), opts.max_message_bytes);
+      server->authenticator_.get(), server->tenants_.get(), opts.max_message_bytes,
+      server->region_tickets_.get(), server->region_socket_path());
   return server;
 }
 
@@ -218,25 +226,53 @@ absl::Status Server::Start() {
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
   if (!options_.health_listen.empty()) RETURN_IF_ERROR(StartHealthPort());
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (!options_.unix_socket.empty()) RETURN_IF_ERROR(PrepareUnixSocket());
   grpc::ServerBuilder builder;
   // No SO_REUSEPORT (gRPC's default on Linux): a second server on the same address must fail
   // here, not start and silently take part of the first one's connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options_.listen, credentials, &port_);
+  int unix_bound = 0;
+  if (!options_.unix_socket.empty()) {
+    // Local and guarded by the file's mode: plaintext, with the same tenant and admin
+    // credentials as the TCP port.
+    builder.AddListeningPort("unix:" + options_.unix_socket, grpc::InsecureServerCredentials(),
+                             &unix_bound);
+  }
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
   builder.RegisterService(admin_service_.get());
   builder.RegisterService(compute_service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-  creators.push_back(NewAccessLogFactory(options_.access_log, metrics_.get()));
+  AccessLogOptions access_log = options_.access_log;
+  access_log.unix_socket = options_.unix_socket;
+  creators.push_back(NewAccessLogFactory(access_log, metrics_.get()));
   builder.experimental().SetInterceptorCreators(std::move(creators));
+  // Sockets are created owner-only, so that nobody connects before their mode and group
+  // are set (FinishUnixSocket).
+  const mode_t old_mask = options_.unix_socket.empty() ? 0 : umask(0177);
   grpc_server_ = builder.BuildAndStart();
+  if (!options_.unix_socket.empty()) umask(old_mask);
+  if (grpc_server_ != nullptr && !options_.unix_socket.empty() && unix_bound == 0) {
+    grpc_server_->Shutdown();
+    grpc_server_.reset();
+    return absl::UnavailableError(
+        absl::StrCat("--unix_socket=", options_.unix_socket,
+                     ": cannot listen there (does the directory exist and is it writable?)"));
+  }
   if (grpc_server_ == nullptr || port_ == 0) {
     grpc_server_.reset();
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options_.listen,
                      ": the address is in use (another tessera-server?) or not an address of "
                      "this host"));
+  }
+  if (!options_.unix_socket.empty()) {
+    if (absl::Status unix_socket = FinishUnixSocket(); !unix_socket.ok()) {
+      grpc_server_->Shutdown();
+      grpc_server_.reset();
+      return unix_socket;
+    }
   }
   for (grpc::Server* server : {grpc_server_.get(), health_server_.get()}) {
     if (server == nullptr) continue;
@@ -246,6 +282,41 @@ absl::Status Server::Start() {
     health->SetServingStatus("tessera.v1.Compute", true);
   }
   spdlog::info("serving on port {} ({}), tessera {}", port_, transport_security_, TesseraVersion());
+  if (!options_.unix_socket.empty()) {
+    spdlog::info(
+        "serving on unix:{} (mode 0660{}), regions' descriptor socket {}", options_.unix_socket,
+        options_.unix_socket_group.empty() ? ""
+                                           : absl::StrCat(", group ", options_.unix_socket_group),
+        region_socket_path());
+  }
+  return absl::OkStatus();
+}
+
+std::string Server::region_socket_path() const {
+  return options_.unix_socket.empty() ? "" : options_.unix_socket + ".regions";
+}
+
+absl::Status Server::PrepareUnixSocket() {
+  if (!options_.unix_socket_group.empty()) {
+    group buffer{};
+    group* found = nullptr;
+    std::vector<char> text(16384);
+    if (getgrnam_r(options_.unix_socket_group.c_str(), &buffer, text.data(), text.size(), &found) !=
+            0 ||
+        found == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--unix_socket_group=", options_.unix_socket_group, ": no such group on this host"));
+    }
+    unix_socket_gid_ = found->gr_gid;
+  }
+  RETURN_IF_ERROR(ClearStaleSocket(options_.unix_socket, "--unix_socket"));
+  return ClearStaleSocket(region_socket_path(), "--unix_socket (descriptor socket)");
+}
+
+absl::Status Server::FinishUnixSocket() {
+  RETURN_IF_ERROR(SetSocketAccess(options_.unix_socket, 0660, unix_socket_gid_, "--unix_socket"));
+  ASSIGN_OR_RETURN(region_socket_, RegionSocket::Start(region_socket_path(), 0660, unix_socket_gid_,
+                                                       region_tickets_.get()));
   return absl::OkStatus();
 }
 
@@ -293,6 +364,11 @@ void Server::Shutdown() {
   if (health_server_ != nullptr) {
     health_server_->Shutdown(std::chrono::system_clock::now());
     health_server_->Wait();
+  }
+  // No descriptor arrives once the calls that issue tickets are over; the socket files go.
+  region_socket_.reset();
+  if (!options_.unix_socket.empty() && grpc_server_ != nullptr) {
+    unlink(options_.unix_socket.c_str());
   }
   // 3-4. Queued work is drained and the workers joined.
   if (mutations_ != nullptr) mutations_->Stop();

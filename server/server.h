@@ -7,6 +7,8 @@
 #include <string>
 #include <thread>
 
+#include <sys/types.h>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,6 +28,8 @@
 namespace tessera {
 
 class Authenticator;
+class RegionSocket;
+class RegionTickets;
 class ComputeService;
 class SerialExecutor;
 class StateDir;
@@ -36,6 +40,12 @@ class TenantTable;
 struct ServerOptions {
   /// host:port to listen on; port 0 picks a free one (see Server::port()).
   std::string listen = "127.0.0.1:50051";
+  /// --unix_socket: a Unix-domain socket path served beside `listen` (plaintext, same
+  /// services and authentication; file mode 0660), with the descriptor socket for
+  /// shared-memory regions at PATH.regions. Empty: neither.
+  std::string unix_socket;
+  /// --unix_socket_group: the group given both sockets (empty: the server's own).
+  std::string unix_socket_group;
   std::string state_dir = "./var";
   /// Empty: <state_dir>/admin.token.
   std::string admin_token_file;
@@ -100,6 +110,8 @@ class Server {
 
   /// The bound port (after Start).
   int port() const { return port_; }
+  /// The descriptor socket's path ("" without --unix_socket).
+  std::string region_socket_path() const;
   /// The bound --health_listen port (after Start; 0 when off).
   int health_port() const { return health_port_; }
   const AdminCredential& admin_credential() const { return admin_; }
@@ -111,6 +123,11 @@ class Server {
  private:
   explicit Server(ServerOptions options);
   absl::Status StartHealthPort();
+  /// Checks --unix_socket's path before gRPC binds it (gRPC itself would silently replace a
+  /// live server's socket).
+  absl::Status PrepareUnixSocket();
+  /// Sets the socket's mode and group and starts the descriptor socket.
+  absl::Status FinishUnixSocket();
 
   const ServerOptions options_;
   std::string transport_security_;
@@ -129,8 +146,11 @@ class Server {
   std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<SerialExecutor> mutations_;
   std::unique_ptr<TenantAdminService> admin_service_;
+  std::unique_ptr<RegionTickets> region_tickets_;
   std::unique_ptr<ComputeService> compute_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<RegionSocket> region_socket_;
+  gid_t unix_socket_gid_ = static_cast<gid_t>(-1);
   grpc::CallbackGenericService health_unimplemented_;
   std::unique_ptr<grpc::Server> health_server_;
   std::unique_ptr<Metrics> metrics_;  // also the telemetry sink while set

@@ -31,8 +31,10 @@ std::string KindName(v1::ContextKind kind) {
   return name.substr(std::string_view("CONTEXT_KIND_").size());
 }
 
-// `memory_units`: how the user wrote --memory, so the confirmation speaks the same units.
-void PrintTenant(const v1::Tenant& t, SizeUnits memory_units = SizeUnits::kBinary) {
+// `memory_units`, `region_units`: how the user wrote --memory and --max_region_bytes, so the
+// confirmation speaks the same units.
+void PrintTenant(const v1::Tenant& t, SizeUnits memory_units = SizeUnits::kBinary,
+                 SizeUnits region_units = SizeUnits::kBinary) {
   std::vector<std::string> labels;
   for (const auto& [k, v] : t.labels()) labels.push_back(absl::StrCat(k, "=", v));
   std::sort(labels.begin(), labels.end());
@@ -47,6 +49,10 @@ void PrintTenant(const v1::Tenant& t, SizeUnits memory_units = SizeUnits::kBinar
             << "max queued jobs: " << q.max_queued_jobs() << "\n"
             << "requests:        " << q.max_requests_in_flight() << " in flight, "
             << q.requests_per_second() << " per second\n"
+            << "region quota:    "
+            << (q.max_region_bytes() != 0 ? FormatBytesExact(q.max_region_bytes(), region_units)
+                                          : std::string("the memory quota"))
+            << "\n"
             << "priority:        " << (q.priority() == v1::PRIORITY_LOW ? "low" : "normal") << "\n"
             << "device:          " << t.device_index() << "\n"
             << "context:         " << KindName(t.context().kind()) << " (" << t.context().reason()
@@ -65,6 +71,7 @@ struct RegisterFlags {
   uint32_t max_queued_jobs = 0;
   uint32_t max_requests_in_flight = 0;
   uint32_t requests_per_second = 0;
+  std::string max_region_bytes;
   std::string priority;
   int32_t device = -1;
   std::string display_name;
@@ -73,6 +80,8 @@ struct RegisterFlags {
 
 int Register(Session& s, const RegisterFlags& f) {
   const Size memory = *ParseSize(f.memory);  // validated while parsing
+  const Size regions =
+      f.max_region_bytes.empty() ? Size{0, memory.units} : *ParseSize(f.max_region_bytes);
   absl::StatusOr<std::map<std::string, std::string>> labels = ParseLabels(f.labels);
   if (!labels.ok()) return s.Usage(absl::StrCat("--labels: ", labels.status().message()));
   v1::RegisterTenantRequest request;
@@ -86,6 +95,7 @@ int Register(Session& s, const RegisterFlags& f) {
   q->set_max_queued_jobs(f.max_queued_jobs);
   q->set_max_requests_in_flight(f.max_requests_in_flight);
   q->set_requests_per_second(f.requests_per_second);
+  q->set_max_region_bytes(regions.bytes);  // 0: the server's default, the memory quota
   q->set_priority(*ParsePriority(f.priority));
   if (f.device >= 0) request.set_device_index(f.device);
 
@@ -95,8 +105,8 @@ int Register(Session& s, const RegisterFlags& f) {
     s.PrintJson(*registered);
     return kExitOk;
   }
-  PrintTenant(registered->tenant(), memory.units);
-  if (memory.units == SizeUnits::kDecimal) {
+  PrintTenant(registered->tenant(), memory.units, regions.units);
+  if (memory.units == SizeUnits::kDecimal || regions.units == SizeUnits::kDecimal) {
     std::cout << "                 (decimal units: K, M, G, T are powers of 1000; Ki, Mi, Gi, Ti "
                  "of 1024)\n";
   }
@@ -152,6 +162,17 @@ void AddRegister(CommandTree& tree, CLI::App* group) {
                   "Call rate limit, 1..1000000 (default 10000 per percent of compute share)")
       ->type_name("N")
       ->check(Quiet(CLI::Range(1, 1000000)));
+  cmd->add_option("--max_region_bytes", f->max_region_bytes,
+                  "Shared-memory regions mapped at once (clients on the server's node), "
+                  "1Mi..1Pi (default: the memory quota)")
+      ->type_name("SIZE")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            absl::StatusOr<Size> size = ParseSize(text);
+            if (!size.ok()) return std::string(size.status().message());
+            return size->bytes == 0 ? "the region quota must be more than 0" : "";
+          },
+          "", "SIZE"));
   cmd->add_option("--priority", f->priority, "Stream priority: normal (default) or low")
       ->type_name("normal|low")
       ->check(Quiet(CLI::IsMember({"normal", "low"})));
@@ -206,14 +227,17 @@ void AddList(CommandTree& tree, CLI::App* group) {
           s.PrintJson(all);
           return static_cast<int>(kExitOk);
         }
-        std::cout << absl::StrFormat("%-24s %-9s %10s %6s %7s %9s %9s %6s  %s\n", "TENANT",
-                                     "CONTEXT", "MEMORY", "SHARE", "STREAMS", "IN FLIGHT",
-                                     "CALLS/S", "DEVICE", "DISPLAY NAME");
+        std::cout << absl::StrFormat("%-24s %-9s %10s %10s %6s %7s %9s %9s %6s  %s\n", "TENANT",
+                                     "CONTEXT", "MEMORY", "REGIONS", "SHARE", "STREAMS",
+                                     "IN FLIGHT", "CALLS/S", "DEVICE", "DISPLAY NAME");
         for (const auto& t : *tenants) {
+          const uint64_t region_quota = t.quota().max_region_bytes() != 0
+                                            ? t.quota().max_region_bytes()
+                                            : t.quota().device_memory_bytes();
           std::cout << absl::StrFormat(
-              "%-24s %-9s %10s %5d%% %7d %9d %9d %6d  %s\n", t.tenant_id(),
+              "%-24s %-9s %10s %10s %5d%% %7d %9d %9d %6d  %s\n", t.tenant_id(),
               KindName(t.context().kind()), FormatBytes(t.quota().device_memory_bytes()),
-              t.quota().compute_share_percent(), t.quota().max_streams(),
+              FormatBytes(region_quota), t.quota().compute_share_percent(), t.quota().max_streams(),
               t.quota().max_requests_in_flight(), t.quota().requests_per_second(), t.device_index(),
               t.display_name());
         }
@@ -304,8 +328,8 @@ void AddUpdate(CommandTree& tree, CLI::App* group) {
        .details = "Only the flags given change; --labels replaces every label (--labels '' "
                   "clears them).\nQuotas cannot change: the server refuses --memory, "
                   "--compute_share, --max_streams,\n--max_queued_jobs, --max_requests_in_flight, "
-                  "--requests_per_second and --priority here "
-                  "(deregister and register again).",
+                  "--requests_per_second, --max_region_bytes\nand --priority here (deregister "
+                  "and register again).",
        .examples = {"tessera tenant update alpha --display_name='Alpha team'",
                     "tessera tenant update alpha --labels=team=ml,env=prod"}},
       [f](Session& s) { return Update(s, *f); });
@@ -318,8 +342,9 @@ void AddUpdate(CommandTree& tree, CLI::App* group) {
                        ->delimiter(',')
                        ->allow_extra_args(false);  // one argument per --labels, split at commas
   // Accepted so that the server can explain that quotas are immutable.
-  for (const char* name : {"memory", "compute_share", "max_streams", "max_queued_jobs",
-                           "max_requests_in_flight", "requests_per_second", "priority"}) {
+  for (const char* name :
+       {"memory", "compute_share", "max_streams", "max_queued_jobs", "max_requests_in_flight",
+        "requests_per_second", "max_region_bytes", "priority"}) {
     f->quota_flags.push_back(cmd->add_option(absl::StrCat("--", name))
                                  ->description("Refused: quotas cannot change")
                                  ->type_name("VALUE"));

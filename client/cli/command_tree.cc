@@ -118,7 +118,8 @@ CommandTree::CommandTree()
   app.set_version_flag("--version", VersionLine(), "Print the version and exit");
   app.require_subcommand(1);
   app.add_option("--addr", global_.addr,
-                 "Server address (default $TESSERA_ADDR, else 127.0.0.1:50051)")
+                 "Server address, or unix:PATH for its Unix socket on this node (default "
+                 "$TESSERA_ADDR, else 127.0.0.1:50051)")
       ->type_name("HOST:PORT");
   app.add_option("--token", global_.token,
                  "Bearer token: the admin token or a tenant API key (visible in `ps`; prefer "
@@ -427,7 +428,9 @@ std::string CommandTree::RootHelp() const {
     absl::StrAppend(&out, Row(FlagSyntax(*option), option->get_description()));
   }
   absl::StrAppend(
-      &out, "\n", Wrap(absl::StrCat("Sizes (--memory, --chunk): ", kSizeSyntax, "."), 0), "\n",
+      &out, "\n",
+      Wrap(absl::StrCat("Sizes (--memory, --max_region_bytes, --chunk): ", kSizeSyntax, "."), 0),
+      "\n",
       Wrap("Files: - means stdin or stdout (tensor put -, tensor get H -o -, kernel define "
            "--file -, --token_file=-).",
            0),

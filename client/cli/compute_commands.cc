@@ -1,6 +1,8 @@
-// tensor ..., run, kernels, kernel ..., usage: the Compute service (a tenant's API key).
+// tensor ..., run, kernels, kernel ..., region ..., usage: the Compute service (a tenant's API
+// key).
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,7 +60,12 @@ CLI::Validator ChunkSize() {
 struct PutFlags {
   std::string file;
   std::string chunk = "1Mi";
+  bool no_regions = false;
 };
+
+constexpr char kNoRegionsHelp[] =
+    "Stream the bytes even over the server's Unix socket (default there: through a "
+    "shared-memory region; also $TESSERA_REGIONS=off)";
 
 int Put(Session& s, const PutFlags& f) {
   absl::StatusOr<int> fd = s.OpenInput(f.file, "FILE");
@@ -78,8 +85,11 @@ int Put(Session& s, const PutFlags& f) {
                                 header->shape_text, " of ", header->descr, " needs ",
                                 header->data_bytes));
   }
-  const Transfer put =
-      UploadFrom(s, *header, *fd, name, static_cast<size_t>(ParseSize(f.chunk)->bytes));
+  const size_t chunk = static_cast<size_t>(ParseSize(f.chunk)->bytes);
+  std::optional<Transfer> through_region;
+  if (!f.no_regions) through_region = UploadThroughRegion(s, *header, *fd, name, chunk);
+  const Transfer put = through_region.has_value() ? *std::move(through_region)
+                                                  : UploadFrom(s, *header, *fd, name, chunk);
   if (!put.local_error.empty()) return s.Usage(put.local_error);
   if (!put.status.ok()) return s.Failed(put.status);
   s.json() ? s.PrintJson(put.info) : void(std::cout << put.info.handle() << "\n");
@@ -90,15 +100,22 @@ struct GetFlags {
   std::string handle;
   std::string out;
   std::string chunk = "1Mi";
+  bool no_regions = false;
 };
 
 int Get(Session& s, const GetFlags& f) {
   // The output first: a bad path fails before anything is asked of the server.
   absl::StatusOr<std::unique_ptr<OutputFile>> out = OutputFile::Open(f.out);
   if (!out.ok()) return s.Usage(out.status().message());
-  // Streamed: only one chunk is held in memory (Client::Download would hold the whole tensor).
-  const Transfer got = DownloadTo(s, f.handle, static_cast<size_t>(ParseSize(f.chunk)->bytes),
-                                  (*out)->fd(), (*out)->name());
+  // Through a region, or streamed: only one chunk is held in memory (Client::Download would
+  // hold the whole tensor).
+  std::optional<Transfer> through_region;
+  if (!f.no_regions)
+    through_region = DownloadThroughRegion(s, f.handle, (*out)->fd(), (*out)->name());
+  const Transfer got = through_region.has_value()
+                           ? *std::move(through_region)
+                           : DownloadTo(s, f.handle, static_cast<size_t>(ParseSize(f.chunk)->bytes),
+                                        (*out)->fd(), (*out)->name());
   if (!got.local_error.empty()) return s.LocalFailure(got.local_error);
   if (!got.status.ok()) return s.Failed(got.status);
   const v1::TensorInfo& info = got.info;
@@ -153,9 +170,12 @@ void AddTensorCommands(CommandTree& tree) {
   auto* put = tree.Make<PutFlags>();
   CLI::App* put_cmd = tree.Command(
       tensor, "put", "Upload a .npy file (- reads stdin); prints the new handle",
-      {.usage = "FILE|- [--chunk=SIZE]",
+      {.usage = "FILE|- [--chunk=SIZE] [--no_regions]",
        .details = "Reads NumPy .npy files (C order, little-endian f2, f4, f8, i4, i8, u1, b1). "
-                  "A progress\nbar with rate and ETA goes to stderr when it is a terminal.",
+                  "A progress\nbar with rate and ETA goes to stderr when it is a terminal.\n"
+                  "Over the server's Unix socket (--addr=unix:PATH) the array is read into a "
+                  "shared-memory region\nand the server copies it from there: no messages carry "
+                  "it.",
        .examples = {"tessera tensor put x.npy",
                     "python3 -c 'import numpy, sys; numpy.save(sys.stdout.buffer, "
                     "numpy.ones((2, 3), numpy.float32))' | tessera tensor put -",
@@ -165,13 +185,16 @@ void AddTensorCommands(CommandTree& tree) {
   put_cmd->add_option("--chunk", put->chunk, "Bytes per streamed message (default 1Mi)")
       ->type_name("SIZE")
       ->check(ChunkSize());
+  put_cmd->add_flag("--no_regions", put->no_regions, kNoRegionsHelp);
 
   auto* get = tree.Make<GetFlags>();
   CLI::App* get_cmd = tree.Command(
       tensor, "get", "Download a tensor as .npy (-o FILE, or -o - for stdout)",
-      {.usage = "HANDLE -o FILE|- [--chunk=SIZE]",
+      {.usage = "HANDLE -o FILE|- [--chunk=SIZE] [--no_regions]",
        .details = "Writes FILE only once the whole tensor has arrived. With -o -, stdout "
-                  "carries the .npy and\nnothing else (it must not be a terminal).",
+                  "carries the .npy and\nnothing else (it must not be a terminal). Over the "
+                  "server's Unix socket the server copies the\ntensor into a shared-memory "
+                  "region and FILE is written from there.",
        .examples = {"tessera tensor get tn_1a2b3c -o y.npy",
                     "tessera tensor get tn_1a2b3c -o - | python3 -c 'import numpy, sys; "
                     "print(numpy.load(io.BytesIO(sys.stdin.buffer.read())))'"}},
@@ -183,6 +206,7 @@ void AddTensorCommands(CommandTree& tree) {
   get_cmd->add_option("--chunk", get->chunk, "Bytes per streamed message (default 1Mi)")
       ->type_name("SIZE")
       ->check(ChunkSize());
+  get_cmd->add_flag("--no_regions", get->no_regions, kNoRegionsHelp);
 
   tree.Command(tensor, "ls", "List your tensors",
                {.examples = {"tessera tensor ls", "tessera tensor ls --output=json"}}, List);
@@ -383,6 +407,70 @@ void AddKernelCommands(CommandTree& tree) {
   rm->add_option("NAME", *names, "Kernel names")->required();
 }
 
+// ---- region list, rm ---------------------------------------------------------------------------
+
+std::string Time(const google::protobuf::Timestamp& t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(t.seconds()),
+                          absl::UTCTimeZone());
+}
+
+int RegionList(Session& s) {
+  auto regions = s.client().ListRegions();
+  if (!regions.ok()) return s.Failed(regions.status());
+  if (s.json()) {
+    s.PrintJson(*regions);
+    return kExitOk;
+  }
+  std::cout << absl::StrFormat("%-26s %12s  %-20s  %s\n", "HANDLE", "BYTES", "CREATED",
+                               "TRANSFERS");
+  for (const v1::Region& r : regions->regions()) {
+    std::cout << absl::StrFormat("%-26s %12s  %-20s  %d\n", r.handle(), FormatBytes(r.size_bytes()),
+                                 Time(r.create_time()), r.transfers());
+  }
+  return kExitOk;
+}
+
+int RegionRemove(Session& s, const std::vector<std::string>& handles) {
+  v1::ListRegionsResponse removed;  // in JSON: the regions unregistered, with the bytes released
+  for (const std::string& handle : handles) {
+    auto released = s.client().UnregisterRegion(handle);
+    if (!released.ok()) {
+      if (s.json()) s.PrintJson(removed);
+      return s.Failed(released.status());
+    }
+    v1::Region* r = removed.add_regions();
+    r->set_handle(handle);
+    r->set_size_bytes(*released);
+    if (!s.json()) {
+      std::cout << "unregistered " << handle << " (" << FormatBytes(*released) << ")\n";
+    }
+  }
+  if (s.json()) s.PrintJson(removed);
+  return kExitOk;
+}
+
+void AddRegionCommands(CommandTree& tree) {
+  CLI::App* region =
+      tree.Group(tree.root(), "region", "Shared-memory regions (clients on the server's node)",
+                 kComputeSection);
+  CLI::App* list = tree.Command(
+      region, "list", "List your shared-memory regions",
+      {.details = "The regions that programs of yours registered through the server's Unix "
+                  "socket (docs/api.md):\ntheir size, when, and the transfers using each now. "
+                  "`tessera tensor put` and `get` unregister\ntheirs before they exit.",
+       .examples = {"tessera region list", "tessera region list --output=json"}},
+      RegionList);
+  list->alias("ls");
+  auto* handles = tree.Make<std::vector<std::string>>();
+  CLI::App* rm = tree.Command(
+      region, "rm", "Unregister regions (e.g. a crashed program's), freeing their quota",
+      {.usage = "HANDLE...",
+       .details = "Refused (FAILED_PRECONDITION) while a transfer uses the region.",
+       .examples = {"tessera region rm rg_1a2b3c"}},
+      [handles](Session& s) { return RegionRemove(s, *handles); });
+  rm->add_option("HANDLE", *handles, "Region handles")->required();
+}
+
 // ---- usage -------------------------------------------------------------------------------------
 
 int Usage(Session& s) {
@@ -408,7 +496,9 @@ int Usage(Session& s) {
             << "busy:    " << HumanDuration(busy) << "\n"
             << "calls:   " << usage->requests_in_flight() << " in flight (this one included), "
             << usage->requests_refused_in_flight() << " refused past max_requests_in_flight, "
-            << usage->requests_refused_rate() << " past requests_per_second\n";
+            << usage->requests_refused_rate() << " past requests_per_second\n"
+            << "regions: " << usage->regions() << ", " << FormatBytes(usage->region_bytes())
+            << " of " << FormatBytes(usage->region_quota_bytes()) << " (max_region_bytes)\n";
   return kExitOk;
 }
 
@@ -418,7 +508,8 @@ void AddComputeCommands(CommandTree& tree) {
   AddTensorCommands(tree);
   AddRun(tree);
   AddKernelCommands(tree);
-  tree.Command(tree.root(), "usage", "Your memory, tensors, jobs, busy time and calls",
+  AddRegionCommands(tree);
+  tree.Command(tree.root(), "usage", "Your memory, tensors, jobs, busy time, calls and regions",
                {.examples = {"tessera usage", "tessera usage --output=json"}}, Usage,
                kComputeSection);
 }

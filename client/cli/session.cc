@@ -60,6 +60,16 @@ int Session::Connect() {
   options.tls_cert_file = flags_.tls_cert;
   options.tls_key_file = flags_.tls_key;
   options.timeout = flags_.timeout;
+  // Over the server's Unix socket, transfers go through a shared-memory region unless turned
+  // off here (or per command with --no_regions).
+  if (const char* regions = std::getenv("TESSERA_REGIONS"); regions != nullptr) {
+    const std::string value = absl::AsciiStrToLower(regions);
+    if (value == "off") {
+      options.use_regions = false;
+    } else if (value != "auto" && !value.empty()) {
+      return Usage(absl::StrCat("$TESSERA_REGIONS is \"", regions, "\"; use auto or off"));
+    }
+  }
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(std::move(options));
   if (!client.ok()) return Usage(client.status().message());
   client_ = *std::move(client);

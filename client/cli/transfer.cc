@@ -37,6 +37,18 @@ std::string WrongSize(const std::string& name, const NpyHeader& header, const st
                       header.descr, " needs ", header.data_bytes);
 }
 
+// Writes all `size` bytes at `data`; false on a write error (errno set).
+bool WriteBytes(int fd, const char* data, uint64_t size) {
+  uint64_t done = 0;
+  while (done < size) {
+    const ssize_t n = write(fd, data + done, static_cast<size_t>(size - done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    done += static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
 }  // namespace
 
 Transfer UploadFrom(Session& s, const NpyHeader& header, int fd, const std::string& name,
@@ -125,6 +137,94 @@ Transfer DownloadTo(Session& s, const std::string& handle, size_t chunk_bytes, i
       (!started || done != transfer.info.size_bytes())) {
     transfer.status = absl::DataLossError(absl::StrCat("ReadTensor ended after ", done, " of ",
                                                        transfer.info.size_bytes(), " bytes"));
+  }
+  return transfer;
+}
+
+std::optional<Transfer> UploadThroughRegion(Session& s, const NpyHeader& header, int fd,
+                                            const std::string& name, size_t chunk_bytes) {
+  if (header.data_bytes == 0) return std::nullopt;  // nothing to share
+  Transfer transfer;
+  absl::StatusOr<std::optional<Client::RegionLease>> lease =
+      s.client().LeaseTransferRegion(header.data_bytes);
+  if (!lease.ok()) {
+    transfer.status = lease.status();
+    return transfer;
+  }
+  if (!lease->has_value()) return std::nullopt;
+  const Client::RegionLease& region = **lease;
+  const Client::Progress progress = s.ProgressBar("put", header.data_bytes);
+  uint64_t done = 0;
+  while (done < header.data_bytes) {
+    const size_t want =
+        static_cast<size_t>(std::min<uint64_t>(chunk_bytes, header.data_bytes - done));
+    const ssize_t got = ReadUpTo(fd, region.data() + done, want);
+    if (got < 0) {
+      transfer.local_error = absl::StrCat(name, ": read failed: ", std::strerror(errno));
+      return transfer;
+    }
+    done += static_cast<uint64_t>(got);
+    if (static_cast<size_t>(got) < want) {
+      transfer.local_error = WrongSize(name, header, absl::StrCat(done));
+      return transfer;
+    }
+    if (progress && done < header.data_bytes) progress(done, header.data_bytes);
+  }
+  char extra;
+  if (ReadUpTo(fd, &extra, 1) > 0) {
+    transfer.local_error = WrongSize(name, header, absl::StrCat("more than ", header.data_bytes));
+    return transfer;
+  }
+  v1::WriteTensorFromRegionRequest request;
+  v1::TensorSpec* spec = request.mutable_create();
+  spec->set_dtype(header.dtype);
+  spec->mutable_shape()->Add(header.shape.begin(), header.shape.end());
+  request.set_region(region.region().handle());
+  request.set_length(header.data_bytes);
+  absl::StatusOr<v1::TensorInfo> written = s.client().WriteTensorFromRegion(request);
+  if (!written.ok()) {
+    transfer.status = written.status();
+    return transfer;
+  }
+  transfer.info = *std::move(written);
+  if (progress) progress(header.data_bytes, header.data_bytes);
+  return transfer;
+}
+
+std::optional<Transfer> DownloadThroughRegion(Session& s, const std::string& handle, int fd,
+                                              const std::string& name) {
+  Transfer transfer;
+  // The size first, for the region; the .npy header comes from what the read returns.
+  absl::StatusOr<v1::TensorInfo> info = s.client().GetTensor(handle);
+  if (!info.ok()) {
+    transfer.status = info.status();
+    return transfer;
+  }
+  if (info->size_bytes() == 0) return std::nullopt;  // nothing to share
+  absl::StatusOr<std::optional<Client::RegionLease>> lease =
+      s.client().LeaseTransferRegion(info->size_bytes());
+  if (!lease.ok()) {
+    transfer.status = lease.status();
+    return transfer;
+  }
+  if (!lease->has_value()) return std::nullopt;
+  const Client::RegionLease& region = **lease;
+  const Client::Progress progress = s.ProgressBar("get", info->size_bytes());
+  absl::StatusOr<v1::ReadTensorIntoRegionResponse> read =
+      s.client().DownloadIntoRegion(handle, region.region());
+  if (!read.ok()) {
+    transfer.status = read.status();
+    return transfer;
+  }
+  transfer.info = read->info();
+  const std::vector<int64_t> shape(transfer.info.shape().begin(), transfer.info.shape().end());
+  absl::StatusOr<std::string> header = FormatNpyHeader(transfer.info.dtype(), shape);
+  if (!header.ok()) {
+    transfer.local_error = std::string(header.status().message());
+  } else if (!WriteAll(fd, *header) || !WriteBytes(fd, region.data(), read->bytes())) {
+    transfer.local_error = absl::StrCat(name, ": write failed: ", std::strerror(errno));
+  } else if (progress) {
+    progress(read->bytes(), read->bytes());
   }
   return transfer;
 }

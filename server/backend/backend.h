@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 #include "kernels/registry.h"
 #include "server/core/tenant.h"
@@ -114,6 +115,36 @@ class TenantContext {
                               uint64_t bytes) = 0;
   virtual absl::Status CopyOut(const DeviceBuffer& src, uint64_t offset, void* dst,
                                uint64_t bytes) = 0;
+  /// CopyIn of `pieces` laid end to end from `offset`: a message's bytes where the transport
+  /// received them, in several buffers. The default copies piece by piece; a backend whose
+  /// copies cost a synchronization each (a GPU) gathers them into one.
+  virtual absl::Status CopyInPieces(DeviceBuffer& dst, uint64_t offset,
+                                    absl::Span<const absl::string_view> pieces) {
+    for (absl::string_view piece : pieces) {
+      absl::Status status = CopyIn(dst, offset, piece.data(), piece.size());
+      if (!status.ok()) return status;
+      offset += piece.size();
+    }
+    return absl::OkStatus();
+  }
+
+  /// Host memory registered with the device (a tenant's shared-memory region): while it
+  /// lives, CopyIn/CopyOut whose host range lies inside the registered range copy directly
+  /// (one DMA on a GPU, no staging copy). Destroying it unregisters the range; the caller
+  /// destroys it before the context, and never while a copy uses the range.
+  class HostRegistration {
+   public:
+    virtual ~HostRegistration() = default;
+  };
+  /// Registers [base, base + bytes) for direct copies. nullptr where the backend copies
+  /// host memory directly anyway (the CPU backend). RESOURCE_EXHAUSTED / UNAVAILABLE when the
+  /// driver refuses (the message names it). May block on the device.
+  virtual absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHost(void* base,
+                                                                         uint64_t bytes) {
+    (void)base;
+    (void)bytes;
+    return nullptr;
+  }
 
   /// Bytes a job of `steps` allocates while it runs besides its outputs (in-place temporaries,
   /// widening buffers, library workspaces). The core reserves them from the tenant's memory

@@ -25,6 +25,8 @@ struct Quota {
   uint32_t max_requests_in_flight = 0;
   /// The tenant's request rate limit, per second (token bucket); 0 before defaults.
   uint32_t requests_per_second = 0;
+  /// Bytes of shared-memory regions mapped at once; 0 before defaults (device_memory_bytes).
+  uint64_t max_region_bytes = 0;
 
   friend bool operator==(const Quota&, const Quota&) = default;
 };

@@ -742,10 +742,14 @@ UsageInfo TenantRuntime::Usage() const {
     u.jobs_failed = failed_;
     u.jobs_cancelled = cancelled_;
     u.jobs_expired = expired_;
+    u.regions = regions_.size();
+    u.region_bytes = region_bytes_;
     context = context_;
   }
   u.busy_time = context != nullptr ? context->busy_time() : absl::ZeroDuration();
   u.requests = requests_.counts();
+  u.region_quota_bytes =
+      quota_.max_region_bytes != 0 ? quota_.max_region_bytes : quota_.device_memory_bytes;
   return u;
 }
 
@@ -753,6 +757,7 @@ void TenantRuntime::Close(absl::string_view why, absl::StatusCode code) {
   std::vector<std::pair<std::vector<JobCallback>, JobInfo>> to_notify;
   std::vector<absl::AnyInvocable<void() &&>> hooks;
   std::shared_ptr<TenantContext> context;
+  std::map<std::string, std::shared_ptr<Region>, std::less<>> regions;
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.empty()) return;
@@ -772,11 +777,16 @@ void TenantRuntime::Close(absl::string_view why, absl::StatusCode code) {
     for (auto& [id, hook] : transfer_hooks_) hooks.push_back(std::move(hook));
     transfer_hooks_.clear();
     context = std::move(context_);
+    regions.swap(regions_);
+    region_bytes_ = 0;
   }
   for (auto& [waiters, info] : to_notify) {
     for (JobCallback& w : waiters) std::move(w)(info);
   }
   for (auto& hook : hooks) std::move(hook)();
+  // Regions are unregistered and unmapped before the context goes (one a transfer still
+  // pins goes when that transfer ends, and keeps the context alive until then).
+  regions.clear();
   // Destroying the context waits for running jobs (their completions still find us).
   context.reset();
   std::map<std::string, Tensor, std::less<>> dropped;  // freed after the lock is released

@@ -16,9 +16,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 #include "kernels/registry.h"
 #include "server/backend/backend.h"
+#include "server/common/shared_memory.h"
 #include "server/core/job_scheduler.h"
 #include "server/core/kernel_library.h"
 #include "server/core/memory_ledger.h"
@@ -80,6 +82,15 @@ struct LaunchSpec {
   kernels::Attrs attrs;
 };
 
+/// A tenant's shared-memory region (a client's memfd mapped in the server).
+struct RegionInfo {
+  std::string handle;
+  uint64_t size_bytes = 0;
+  absl::Time create_time;
+  /// Region transfers using it now.
+  uint32_t transfers = 0;
+};
+
 struct UsageInfo {
   uint64_t memory_used_bytes = 0, memory_peak_bytes = 0, memory_quota_bytes = 0;
   /// memory_used_bytes by use: tensors (with uncommitted WriteTensor copies), running jobs'
@@ -93,6 +104,8 @@ struct UsageInfo {
   absl::Duration busy_time;
   /// The tenant's RequestGate: calls in flight now, calls refused past its call quotas.
   RequestGate::Counts requests;
+  /// Shared-memory regions and their bytes, against quota.max_region_bytes.
+  uint64_t regions = 0, region_bytes = 0, region_quota_bytes = 0;
 };
 
 inline constexpr size_t kMaxProgramSteps = 256;
@@ -151,6 +164,9 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
     ~Writer();
     const TensorInfo& info() const { return info_; }
     absl::Status Write(uint64_t offset, absl::string_view data);
+    /// One chunk given as `pieces` laid end to end from `offset` (a message's bytes where
+    /// gRPC received them), checked and copied as the one chunk they are.
+    absl::Status Write(uint64_t offset, absl::Span<const absl::string_view> pieces);
     absl::StatusOr<TensorInfo> Finish();
 
    private:
@@ -201,6 +217,39 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   /// the transfer is in progress; returns an id for RemoveTransferHook.
   uint64_t AddTransferHook(absl::AnyInvocable<void() &&> cancel) ABSL_LOCKS_EXCLUDED(mu_);
   void RemoveTransferHook(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- shared-memory regions (tenant_regions.cc) ----
+  /// OK when a region of `size` bytes would fit quota.max_region_bytes and the region count
+  /// now (BeginRegion's early answer; AddRegion checks again). RESOURCE_EXHAUSTED otherwise.
+  absl::Status CheckRegionFits(uint64_t size) const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Adopts a mapped region: registers it with the context for direct copies, charges its
+  /// bytes and returns its new handle. RESOURCE_EXHAUSTED past quota.max_region_bytes or
+  /// kMaxRegionsPerTenant; the context's refusal; FAILED_PRECONDITION once closed. May block
+  /// on the device: call it off gRPC's callback threads.
+  absl::StatusOr<RegionInfo> AddRegion(std::unique_ptr<SharedMemory> memory)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  /// Unmaps a region; returns its bytes. NOT_FOUND; FAILED_PRECONDITION while a transfer
+  /// uses it (nothing is unmapped).
+  absl::StatusOr<uint64_t> UnregisterRegion(absl::string_view handle) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<RegionInfo> ListRegions() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Writes a tensor (`handle`, or a new one of `create`) whole from `length` bytes of
+  /// `region` at `offset` (0: the tensor's size): BeginWrite, one copy, commit. Errors as
+  /// BeginWrite, plus NOT_FOUND (region) and INVALID_ARGUMENT (ranges). Copies synchronously:
+  /// call it off gRPC's callback threads.
+  absl::StatusOr<TensorInfo> WriteFromRegion(const std::string& handle,
+                                             const std::optional<kernels::TensorMeta>& create,
+                                             absl::string_view region, uint64_t offset,
+                                             uint64_t length) ABSL_LOCKS_EXCLUDED(mu_);
+  struct RegionRead {
+    TensorInfo info;
+    uint64_t bytes = 0;
+  };
+  /// Copies bytes [offset, offset + length) of a tensor (length 0: to its end) into `region`
+  /// at `region_offset`. Errors as BeginRead, plus NOT_FOUND (region) and INVALID_ARGUMENT
+  /// (ranges). Copies synchronously: call it off gRPC's callback threads.
+  absl::StatusOr<RegionRead> ReadIntoRegion(absl::string_view handle, uint64_t offset,
+                                            uint64_t length, absl::string_view region,
+                                            uint64_t region_offset) ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- jobs ----
   using JobCallback = absl::AnyInvocable<void(const JobInfo&) &&>;
@@ -257,6 +306,18 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
     uint64_t ticket = 0;     // the scheduler's id while queued
     std::vector<Step> exec;  // handed to the backend at release
   };
+  struct Region {
+    RegionInfo info;  // info.transfers guarded by mu_
+    // Declared in destruction order, reversed: the registration goes first, then the
+    // mapping, then this reference, which keeps the context alive while it is registered.
+    std::shared_ptr<TenantContext> context;
+    std::unique_ptr<SharedMemory> memory;
+    std::unique_ptr<TenantContext::HostRegistration> registration;
+  };
+  class RegionPin;  // a transfer's use of a region
+  /// Pins region `handle` for a transfer: NOT_FOUND, or FAILED_PRECONDITION once closed.
+  absl::StatusOr<std::unique_ptr<RegionPin>> PinRegion(absl::string_view handle)
+      ABSL_LOCKS_EXCLUDED(mu_);
   class Pins;  // Submit's RAII rollback
   struct Resolution;
   struct Prepared;
@@ -332,6 +393,8 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   std::deque<std::string> finished_order_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, absl::AnyInvocable<void() &&>> transfer_hooks_ ABSL_GUARDED_BY(mu_);
   uint64_t hook_counter_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::shared_ptr<Region>, std::less<>> regions_ ABSL_GUARDED_BY(mu_);
+  uint64_t region_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t job_counter_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t running_ ABSL_GUARDED_BY(mu_) = 0;

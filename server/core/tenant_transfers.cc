@@ -31,14 +31,21 @@ TenantRuntime::Writer::~Writer() {
 }
 
 absl::Status TenantRuntime::Writer::Write(uint64_t offset, absl::string_view data) {
+  return Write(offset, absl::MakeConstSpan(&data, 1));
+}
+
+absl::Status TenantRuntime::Writer::Write(uint64_t offset,
+                                          absl::Span<const absl::string_view> pieces) {
   if (finished_) return absl::FailedPreconditionError("the upload is already committed");
-  if (offset > info_.size_bytes || data.size() > info_.size_bytes - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk at offset ", offset, " of ", data.size(),
+  uint64_t size = 0;
+  for (absl::string_view piece : pieces) size += piece.size();
+  if (offset > info_.size_bytes || size > info_.size_bytes - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk at offset ", offset, " of ", size,
                                                    " bytes extends past the end (",
                                                    info_.size_bytes, " bytes)"));
   }
-  if (data.empty()) return absl::OkStatus();
-  uint64_t end = offset + data.size();
+  if (size == 0) return absl::OkStatus();
+  uint64_t end = offset + size;
   auto next = ranges_.lower_bound(offset);
   bool overlaps = (next != ranges_.end() && next->first < end) ||
                   (next != ranges_.begin() && std::prev(next)->second > offset);
@@ -58,7 +65,8 @@ absl::Status TenantRuntime::Writer::Write(uint64_t offset, absl::string_view dat
   }
   std::shared_ptr<TenantContext> context = runtime_->ContextOrNull();
   if (context == nullptr) return absl::FailedPreconditionError("the tenant is closed");
-  RETURN_IF_ERROR(context->CopyIn(*staging_, offset, data.data(), data.size()));
+  RETURN_IF_ERROR(pieces.size() == 1 ? context->CopyIn(*staging_, offset, pieces[0].data(), size)
+                                     : context->CopyInPieces(*staging_, offset, pieces));
   uint64_t start = offset;
   if (joins_previous) {
     auto previous = std::prev(next);
@@ -71,7 +79,7 @@ absl::Status TenantRuntime::Writer::Write(uint64_t offset, absl::string_view dat
     ranges_.erase(next);
   }
   ranges_.emplace(start, stop);
-  written_ += data.size();
+  written_ += size;
   return absl::OkStatus();
 }
 

@@ -138,6 +138,12 @@ absl::StatusOr<Quota> NormalizeQuota(const Quota& requested) {
         absl::StrFormat("quota.requests_per_second is %d; the range is 1..%d",
                         q.requests_per_second, kMaxRequestsPerSecond));
   }
+  if (q.max_region_bytes == 0) q.max_region_bytes = q.device_memory_bytes;
+  if (q.max_region_bytes < kMinRegionBytes || q.max_region_bytes > kMaxRegionBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("quota.max_region_bytes is %d; the range is %d (1 MiB) .. %d (1 PiB)",
+                        q.max_region_bytes, kMinRegionBytes, kMaxRegionBytes));
+  }
   if (q.priority != Priority::kNormal && q.priority != Priority::kLow) {
     return absl::InvalidArgumentError(
         absl::StrFormat("quota.priority is %d; allowed: PRIORITY_NORMAL (1), PRIORITY_LOW (2)",

@@ -35,6 +35,10 @@ inline constexpr uint32_t DefaultRequestsPerSecond(uint32_t compute_share_percen
          (compute_share_percent != 0 ? compute_share_percent : kDefaultComputeSharePercent);
 }
 inline constexpr uint32_t kMaxRequestsPerSecond = 1'000'000;
+inline constexpr uint64_t kMinRegionBytes = uint64_t{1} << 20;  // 1 MiB
+inline constexpr uint64_t kMaxRegionBytes = uint64_t{1} << 50;  // 1 PiB
+/// Shared-memory regions one tenant may hold at once (also bounds the server's mappings).
+inline constexpr size_t kMaxRegionsPerTenant = 1024;
 inline constexpr size_t kMaxTenantIdLength = 63;
 inline constexpr size_t kMaxDisplayNameBytes = 256;
 inline constexpr size_t kMaxLabels = 64;

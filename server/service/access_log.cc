@@ -95,8 +95,7 @@ class AccessLogInterceptor final : public grpc::experimental::Interceptor {
       : info_(info),
         shared_(std::move(shared)),
         method_(absl::StripPrefix(info->method(), "/")),
-        protobuf_messages_(absl::StartsWith(method_, "tessera.v1.") ||
-                           absl::StartsWith(method_, "grpc.reflection.")),
+        received_(ReceivedKind(method_)),
         record_(std::make_shared<CallRecord>()),
         start_(absl::Now()) {}
 
@@ -143,14 +142,19 @@ class AccessLogInterceptor final : public grpc::experimental::Interceptor {
       const auto* metadata = methods->GetRecvInitialMetadata();
       record_->request_id = metadata != nullptr ? RequestIdFrom(*metadata) : RequestIdFrom({});
       peer_ = info_->server_context()->peer();
+      // A client's end of a Unix socket is unnamed: name the server's socket it came in on.
+      if (peer_ == "unix:" && !shared_->options.unix_socket.empty()) {
+        peer_ = "unix:" + shared_->options.unix_socket;
+      }
       CallRegistry::Get().Add(info_->server_context(), record_);
     }
-    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) &&
-        protobuf_messages_) {
-      // The services' handlers take generated protobuf messages (single inheritance from
-      // MessageLite, so the pointer is the base's); raw (ByteBuffer) services are skipped.
-      if (const void* message = methods->GetRecvMessage(); message != nullptr) {
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE)) {
+      // Generated messages derive from MessageLite alone, so the pointer is the base's.
+      const void* message = methods->GetRecvMessage();
+      if (message != nullptr && received_ == Received::kProtobuf) {
         bytes_in_ += static_cast<const google::protobuf::MessageLite*>(message)->ByteSizeLong();
+      } else if (message != nullptr && received_ == Received::kByteBuffer) {
+        bytes_in_ += static_cast<const grpc::ByteBuffer*>(message)->Length();
       }
     }
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE)) {
@@ -174,8 +178,20 @@ class AccessLogInterceptor final : public grpc::experimental::Interceptor {
  private:
   grpc::experimental::ServerRpcInfo* const info_;
   const std::shared_ptr<Shared> shared_;
+  // What a received message is: our methods' protobuf or raw buffers; other services'
+  // (health, reflection's) messages are not counted unless known to be protobuf.
+  enum class Received { kProtobuf, kByteBuffer, kUncounted };
+  static Received ReceivedKind(absl::string_view method) {
+    for (absl::string_view raw : kRawMethods) {
+      if (method == raw) return Received::kByteBuffer;
+    }
+    return absl::StartsWith(method, "tessera.v1.") || absl::StartsWith(method, "grpc.reflection.")
+               ? Received::kProtobuf
+               : Received::kUncounted;
+  }
+
   const std::string method_;
-  const bool protobuf_messages_;
+  const Received received_;
   const std::shared_ptr<CallRecord> record_;
   const absl::Time start_;
   absl::Time end_;

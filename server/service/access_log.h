@@ -16,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
@@ -24,6 +25,13 @@
 namespace tessera {
 
 class Metrics;
+
+/// Methods whose handlers take grpc::ByteBuffer messages rather than generated ones (raw
+/// callback methods, transfer_reactors.h): the interceptor counts their received bytes from
+/// the buffers. Every other tessera.v1 method takes protobuf messages; a service that
+/// registers another raw method names it here.
+inline constexpr absl::string_view kRawMethods[] = {"tessera.v1.Compute/WriteTensor",
+                                                    "tessera.v1.Compute/ReadTensor"};
 
 /// What the interceptor and the handler share about one call.
 struct CallRecord {
@@ -63,6 +71,8 @@ struct AccessLogOptions {
   std::string mode = "all";
   /// Logs one in `sample` successful calls of each method (failures always); 1: every one.
   uint32_t sample = 1;
+  /// --unix_socket: a call over it has an unnamed peer ("unix:"), logged as "unix:PATH".
+  std::string unix_socket;
 };
 
 /// Validates --access_log / --access_log_sample.

@@ -273,6 +273,16 @@ void UsageToProto(const UsageInfo& u, v1::Usage* proto) {
   proto->set_requests_in_flight(u.requests.in_flight);
   proto->set_requests_refused_in_flight(u.requests.refused_in_flight);
   proto->set_requests_refused_rate(u.requests.refused_rate);
+  proto->set_regions(u.regions);
+  proto->set_region_bytes(u.region_bytes);
+  proto->set_region_quota_bytes(u.region_quota_bytes);
+}
+
+void RegionToProto(const RegionInfo& region, v1::Region* proto) {
+  proto->set_handle(region.handle);
+  proto->set_size_bytes(region.size_bytes);
+  TimeToProto(region.create_time, proto->mutable_create_time());
+  proto->set_transfers(region.transfers);
 }
 
 void KernelDefToProto(const kernels::KernelDef& k, v1::KernelInfo* info) {

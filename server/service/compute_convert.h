@@ -61,6 +61,7 @@ absl::StatusOr<std::vector<OutputSpec>> OutputsFromProto(
 void TensorInfoToProto(const TensorInfo& info, v1::TensorInfo* proto);
 void JobToProto(const JobInfo& job, v1::Job* proto);
 void UsageToProto(const UsageInfo& usage, v1::Usage* proto);
+void RegionToProto(const RegionInfo& region, v1::Region* proto);
 /// The whole catalog, built once.
 const v1::ListKernelsResponse& KernelCatalogProto();
 /// A tenant-defined kernel as ListKernels shows it.

@@ -12,20 +12,16 @@
 #include "grpcpp/alarm.h"
 
 #include "server/common/status_macros.h"
+#include "server/core/region_tickets.h"
 #include "server/core/tenant_table.h"
 #include "server/service/call.h"
 #include "server/service/compute_convert.h"
+#include "server/service/convert.h"
+#include "server/service/transfer_reactors.h"
 
 namespace tessera {
 namespace {
 
-// A tenant's weight in the transfer executor: its compute share.
-double Weight(const TenantRuntime& runtime) {
-  return static_cast<double>(std::max<uint32_t>(1, runtime.quota().compute_share_percent));
-}
-
-constexpr int64_t kDefaultChunkBytes = 1 << 20;
-constexpr int64_t kMinChunkBytes = 4 << 10;
 constexpr absl::string_view kTensorPages = "tensors";
 
 // A unary call finished by whichever comes first: the work's completion, a timer, or the
@@ -145,315 +141,6 @@ TenantRuntime::JobCallback AnswerWithJob(WaitReactor* reactor, v1::Job* response
   };
 }
 
-// Lets a closing tenant cancel a transfer's call: the runtime keeps a hook that calls
-// TryCancel while the reactor lives, and nothing once it is done.
-class TransferCanceller {
- public:
-  TransferCanceller(grpc::CallbackServerContext* context, std::shared_ptr<TenantRuntime> runtime)
-      : state_(std::make_shared<State>()), runtime_(std::move(runtime)) {
-    state_->context = context;
-    hook_ = runtime_->AddTransferHook([state = state_]() {
-      absl::MutexLock lock(&state->mu);
-      if (state->context != nullptr) state->context->TryCancel();
-    });
-  }
-  ~TransferCanceller() {
-    {
-      absl::MutexLock lock(&state_->mu);
-      state_->context = nullptr;
-    }
-    runtime_->RemoveTransferHook(hook_);
-  }
-
- private:
-  struct State {
-    absl::Mutex mu;
-    grpc::CallbackServerContext* context ABSL_GUARDED_BY(mu) = nullptr;
-  };
-  std::shared_ptr<State> state_;
-  std::shared_ptr<TenantRuntime> runtime_;
-  uint64_t hook_ = 0;
-};
-
-// Uploads: a header, then chunks; answered once the client half-closes. Reactions only
-// hand work to the transfer executor: chunks are copied (into a staging copy that commits
-// only when every byte arrived and the client is still there) off gRPC's threads. Two
-// message buffers: gRPC reads the next chunk into one while the executor copies the other,
-// so the connection is never idle for a copy and at most two chunks are held per upload.
-// The executor runs one task of an upload at a time (`busy_`), in the order read.
-class WriteTensorReactor final : public grpc::ServerReadReactor<v1::WriteTensorRequest> {
- public:
-  WriteTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
-                     FairExecutor* transfers, v1::TensorInfo* response)
-      : context_(context),
-        log_(context, "WriteTensor"),
-        transfers_(transfers),
-        response_(response) {
-    absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime = auth->AuthenticateTenant(*context);
-    if (!runtime.ok()) {
-      Answer(runtime.status());
-      return;
-    }
-    runtime_ = *std::move(runtime);
-    canceller_.emplace(context, runtime_);
-    log_.set_tenant(runtime_->tenant_id());
-    StartRead(&buffers_[0]);
-  }
-
-  void OnReadDone(bool ok) override {
-    int full = -1;
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_) return;  // answered already (a failed chunk); nothing more to do
-      if (!ok) {
-        ended_ = true;
-        if (busy_) return;  // the running task completes the call when it ends
-        busy_ = true;
-      } else if (busy_) {
-        waiting_ = true;  // both buffers taken: handed over when the running task ends
-        return;
-      } else {
-        busy_ = true;
-        full = TakeReadLocked();
-      }
-    }
-    if (full < 0) return Post([this] { Complete(); });
-    CopyAndReadNext(full);
-  }
-  void OnCancel() override { cancelled_.store(true); }
-  void OnDone() override { delete this; }  // an unfinished writer commits nothing
-
- private:
-  // Queues `task` on the transfer executor; when the executor refuses it, answers the call.
-  void Post(absl::AnyInvocable<void() &&> task) {
-    absl::Status queued =
-        transfers_->Schedule(runtime_->tenant_id(), Weight(*runtime_), std::move(task));
-    if (!queued.ok()) Answer(queued);
-  }
-
-  // The buffer gRPC just filled; gRPC reads into the other one from now on.
-  int TakeReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int full = reading_;
-    reading_ ^= 1;
-    return full;
-  }
-
-  // Queues the copy of buffer `full` and reads the next message into the other. The read
-  // starts first: a copy that fails answers the call, and after that (with no read in
-  // flight) gRPC may end the reactor at once.
-  void CopyAndReadNext(int full) {
-    StartRead(&buffers_[full ^ 1]);
-    Post([this, full] { Consume(full); });
-  }
-
-  // On the executor: copies buffer `index`, then hands the executor the message read
-  // meanwhile (a task of its own, so that tenants still take turns chunk by chunk), or
-  // completes the call when the stream has ended.
-  void Consume(int index) {
-    absl::Status status = ConsumeMessage(buffers_[index]);
-    buffers_[index].Clear();  // the chunk's bytes are in the staging copy now
-    if (!status.ok()) return Answer(status);
-    int next = -1;
-    {
-      absl::MutexLock lock(&mu_);
-      if (waiting_) {
-        waiting_ = false;
-        next = TakeReadLocked();
-      } else if (!ended_) {
-        busy_ = false;
-        return;
-      }
-    }
-    if (next < 0) return Complete();
-    CopyAndReadNext(next);
-  }
-
-  absl::Status ConsumeMessage(const v1::WriteTensorRequest& request) {
-    if (writer_ == nullptr) {
-      if (!request.has_header()) {
-        return absl::InvalidArgumentError("the first message must be a header");
-      }
-      const v1::WriteHeader& header = request.header();
-      std::optional<kernels::TensorMeta> create;
-      if (header.has_create()) {
-        ASSIGN_OR_RETURN(create, MetaFromProto(header.create(), "header.create"));
-      } else if (header.handle().empty()) {
-        return absl::InvalidArgumentError("header needs a handle or a create spec");
-      } else {
-        RETURN_IF_ERROR(CheckReference(header.handle(), "header.handle", "a tensor handle"));
-      }
-      ASSIGN_OR_RETURN(writer_, runtime_->BeginWrite(header.handle(), create));
-      return absl::OkStatus();
-    }
-    if (!request.has_chunk()) {
-      return absl::InvalidArgumentError("after the header, every message must be a chunk");
-    }
-    if (request.chunk().data().empty()) {
-      return absl::InvalidArgumentError("chunk.data is empty; every chunk carries bytes");
-    }
-    return writer_->Write(request.chunk().offset(), request.chunk().data());
-  }
-
-  // The client stopped sending: half-closed (commit) or gone (commit nothing).
-  void Complete() {
-    if (cancelled_.load() || context_->IsCancelled()) {
-      return Answer(absl::CancelledError("the client cancelled the upload; nothing was written"));
-    }
-    if (writer_ == nullptr) return Answer(absl::InvalidArgumentError("no header was sent"));
-    const bool created = writer_->info().handle.empty();
-    absl::StatusOr<TensorInfo> info = writer_->Finish();
-    if (!info.ok()) return Answer(info.status());
-    if (cancelled_.load() && created) {
-      // Gone while committing: the new tensor's handle would reach nobody.
-      (void)runtime_->DeleteTensor(info->handle);
-      return Answer(absl::CancelledError("the client cancelled the upload; nothing was written"));
-    }
-    TensorInfoToProto(*info, response_);
-    Answer(absl::OkStatus());
-  }
-
-  // Ends the call with `status` (OK: the commit above succeeded). The writer is released
-  // before the answer goes out, so a client's next call never finds the tensor still held by
-  // this upload. A read may still be in flight: its OnReadDone sees `finished_` and does
-  // nothing, and OnDone waits for it.
-  void Answer(const absl::Status& status) {
-    writer_.reset();
-    {
-      absl::MutexLock lock(&mu_);
-      finished_ = true;
-    }
-    Finish(log_.Finish(status));
-  }
-
-  grpc::CallbackServerContext* const context_;
-  CallLog log_;
-  FairExecutor* const transfers_;
-  v1::TensorInfo* const response_;
-  v1::WriteTensorRequest buffers_[2];
-  absl::Mutex mu_;
-  int reading_ ABSL_GUARDED_BY(mu_) = 0;       // the buffer gRPC reads into
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;     // an executor task of this upload is queued or runs
-  bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // buffers_[reading_] holds a read message
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;    // the client stopped sending
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  std::shared_ptr<TenantRuntime> runtime_;
-  std::optional<TransferCanceller> canceller_;
-  std::unique_ptr<TenantRuntime::Writer> writer_;
-  std::atomic<bool> cancelled_{false};
-};
-
-// Downloads: chunks of at most chunk_bytes, one write in flight, each filled by the transfer
-// executor. What the stream holds (the chunk and gRPC's serialized copy) is charged to the
-// tenant's memory quota as transfer staging.
-class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::ReadTensorResponse> {
- public:
-  ReadTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
-                    FairExecutor* transfers, const v1::ReadTensorRequest& request,
-                    int64_t max_message_bytes)
-      : log_(context, "ReadTensor"), transfers_(transfers) {
-    absl::Status status = Start(auth, context, request, max_message_bytes);
-    if (!status.ok()) {
-      Done(status);
-      return;
-    }
-    Post();
-  }
-
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Done(absl::CancelledError("the client stopped reading"));
-    } else if (position_ >= end_) {
-      Done(absl::OkStatus());
-    } else {
-      Post();
-    }
-  }
-
-  void OnDone() override { delete this; }
-
- private:
-  absl::Status Start(const Authenticator* auth, grpc::CallbackServerContext* context,
-                     const v1::ReadTensorRequest& request, int64_t max_message_bytes) {
-    ASSIGN_OR_RETURN(runtime_, auth->AuthenticateTenant(*context));
-    log_.set_tenant(runtime_->tenant_id());
-    int64_t max_chunk = max_message_bytes / 2;
-    chunk_bytes_ = request.chunk_bytes() == 0 ? std::min(kDefaultChunkBytes, max_chunk)
-                                              : static_cast<int64_t>(request.chunk_bytes());
-    if (chunk_bytes_ < kMinChunkBytes || chunk_bytes_ > max_chunk) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk_bytes is ", chunk_bytes_,
-                                                     "; the range is ", kMinChunkBytes, "..",
-                                                     max_chunk, " (--max_message_bytes / 2)"));
-    }
-    RETURN_IF_ERROR(CheckReference(request.handle(), "handle", "a tensor handle"));
-    ASSIGN_OR_RETURN(reader_, runtime_->BeginRead(request.handle()));
-    uint64_t size = reader_->info().size_bytes;
-    if (request.offset() > size || request.length() > size - request.offset()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "offset ", request.offset(), " + length ", request.length(), " is outside the tensor's ",
-          size, " bytes (offset 0..", size, ", offset + length <= ", size, ")"));
-    }
-    position_ = request.offset();
-    end_ = request.length() == 0 ? size : request.offset() + request.length();
-    // Never more than the range, and smaller chunks when the quota has little room left.
-    chunk_bytes_ = std::min<int64_t>(chunk_bytes_, std::max<uint64_t>(end_ - position_, 1));
-    // Two chunks while one is in flight: our message and gRPC's serialized copy of it.
-    absl::StatusOr<MemoryCharge> charge = runtime_->ReserveStaging(2 * chunk_bytes_);
-    while (!charge.ok() && chunk_bytes_ > kMinChunkBytes) {
-      chunk_bytes_ = std::max(kMinChunkBytes, chunk_bytes_ / 4);
-      charge = runtime_->ReserveStaging(2 * chunk_bytes_);
-    }
-    if (!charge.ok()) return charge.status();
-    staging_ = *std::move(charge);
-    canceller_.emplace(context, runtime_);
-    return absl::OkStatus();
-  }
-
-  void Post() {
-    absl::Status queued =
-        transfers_->Schedule(runtime_->tenant_id(), Weight(*runtime_), [this] { WriteNext(); });
-    if (!queued.ok()) Done(queued);
-  }
-
-  void WriteNext() {
-    response_.Clear();
-    if (first_) {
-      TensorInfoToProto(reader_->info(), response_.mutable_info());
-      first_ = false;
-    }
-    uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(chunk_bytes_), end_ - position_);
-    v1::Chunk* chunk = response_.mutable_chunk();
-    chunk->set_offset(position_);
-    std::string* data = chunk->mutable_data();
-    data->resize(n);
-    absl::Status status = reader_->Read(position_, n, data->data());
-    if (!status.ok()) {
-      Done(status);
-      return;
-    }
-    position_ += n;
-    StartWrite(&response_);
-  }
-
-  // The reader and the staging charge are released before the final status goes out (see
-  // WriteTensorReactor::Answer): a client's next GetUsage never sees this download.
-  void Done(const absl::Status& status) {
-    reader_.reset();
-    staging_.Release();
-    Finish(log_.Finish(status));
-  }
-
-  CallLog log_;
-  FairExecutor* const transfers_;
-  std::shared_ptr<TenantRuntime> runtime_;
-  std::unique_ptr<TenantRuntime::Reader> reader_;
-  std::optional<TransferCanceller> canceller_;
-  MemoryCharge staging_;
-  v1::ReadTensorResponse response_;
-  int64_t chunk_bytes_ = 0;
-  uint64_t position_ = 0, end_ = 0;
-  bool first_ = true;
-};
-
 // One launch: a Launch request (`handles`; `field` empty) or step `index` of a Submit
 // (`operands`; `field` "steps[i]"). Checks what only the wire can get wrong (lengths, counts,
 // references to earlier steps) so that nothing is left to a lookup or a narrowing cast; the
@@ -552,7 +239,7 @@ grpc::ServerUnaryReactor* ComputeService::CreateTensor(grpc::CallbackServerConte
     return reactor;
   }
   const std::string tenant = (*runtime)->tenant_id();
-  const double weight = Weight(**runtime);
+  const double weight = TransferWeight(**runtime);
   absl::Status queued = transfers_.Schedule(
       tenant, weight, [reactor, log, request, response, runtime = *std::move(runtime)]() {
         absl::Status status = [&]() -> absl::Status {
@@ -567,14 +254,14 @@ grpc::ServerUnaryReactor* ComputeService::CreateTensor(grpc::CallbackServerConte
   return reactor;
 }
 
-grpc::ServerReadReactor<v1::WriteTensorRequest>* ComputeService::WriteTensor(
-    grpc::CallbackServerContext* context, v1::TensorInfo* response) {
-  return new WriteTensorReactor(context, authenticator_, &transfers_, response);
+grpc::ServerReadReactor<grpc::ByteBuffer>* ComputeService::WriteTensor(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return NewWriteTensorReactor(context, authenticator_, &transfers_, response);
 }
 
-grpc::ServerWriteReactor<v1::ReadTensorResponse>* ComputeService::ReadTensor(
-    grpc::CallbackServerContext* context, const v1::ReadTensorRequest* request) {
-  return new ReadTensorReactor(context, authenticator_, &transfers_, *request, max_message_bytes_);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ComputeService::ReadTensor(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  return NewReadTensorReactor(context, authenticator_, &transfers_, *request, max_message_bytes_);
 }
 
 grpc::ServerUnaryReactor* ComputeService::GetTensor(grpc::CallbackServerContext* context,
@@ -808,7 +495,7 @@ grpc::ServerUnaryReactor* ComputeService::ServeOffThread(grpc::CallbackServerCon
   }
   log->set_tenant((*runtime)->tenant_id());
   const std::string tenant = (*runtime)->tenant_id();
-  const double weight = Weight(**runtime);
+  const double weight = TransferWeight(**runtime);
   absl::Status queued = transfers_.Schedule(
       tenant, weight,
       [reactor, log, body = std::move(body), runtime = *std::move(runtime)]() mutable {
@@ -848,6 +535,108 @@ grpc::ServerUnaryReactor* ComputeService::GetUsage(grpc::CallbackServerContext* 
     UsageToProto(runtime.Usage(), response);
     return absl::OkStatus();
   });
+}
+
+// ---- regions ----------------------------------------------------------------------------------
+// Registering a region and moving a region's bytes touch the device (cuMemHostRegister, copies):
+// on the transfer executor, never on a gRPC thread. Listing and tickets are bookkeeping.
+
+grpc::ServerUnaryReactor* ComputeService::BeginRegion(grpc::CallbackServerContext* context,
+                                                      const v1::BeginRegionRequest* request,
+                                                      v1::RegionTicket* response) {
+  return Serve(context, "BeginRegion", [&](TenantRuntime& runtime) -> absl::Status {
+    if (regions_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "this server has no descriptor socket: regions need tessera-server --unix_socket "
+          "and a client on the same node");
+    }
+    ASSIGN_OR_RETURN(RegionTickets::Ticket ticket,
+                     regions_->Issue(runtime.shared_from_this(), request->size_bytes()));
+    response->set_ticket(ticket.ticket);
+    response->set_socket_path(region_socket_);
+    TimeToProto(ticket.expire_time, response->mutable_expire_time());
+    response->set_size_bytes(ticket.size_bytes);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ComputeService::FinishRegion(grpc::CallbackServerContext* context,
+                                                       const v1::FinishRegionRequest* request,
+                                                       v1::Region* response) {
+  return Serve(context, "FinishRegion", [&](TenantRuntime& runtime) -> absl::Status {
+    if (regions_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "this server has no descriptor socket: regions need tessera-server --unix_socket");
+    }
+    RETURN_IF_ERROR(CheckReference(request->ticket(), "ticket", "a region ticket"));
+    ASSIGN_OR_RETURN(RegionInfo region, regions_->Finish(runtime.tenant_id(), request->ticket()));
+    RegionToProto(region, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ComputeService::ListRegions(grpc::CallbackServerContext* context,
+                                                      const v1::ListRegionsRequest*,
+                                                      v1::ListRegionsResponse* response) {
+  return Serve(context, "ListRegions", [&](TenantRuntime& runtime) -> absl::Status {
+    for (const RegionInfo& region : runtime.ListRegions()) {
+      RegionToProto(region, response->add_regions());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ComputeService::UnregisterRegion(
+    grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
+    v1::UnregisterRegionResponse* response) {
+  // Unmapping (and cuMemHostUnregister) may take a while for a large region.
+  return ServeOffThread(
+      context, "UnregisterRegion", [request, response](TenantRuntime& runtime) -> absl::Status {
+        RETURN_IF_ERROR(CheckReference(request->handle(), "handle", "a region handle"));
+        ASSIGN_OR_RETURN(uint64_t released, runtime.UnregisterRegion(request->handle()));
+        response->set_released_bytes(released);
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ComputeService::WriteTensorFromRegion(
+    grpc::CallbackServerContext* context, const v1::WriteTensorFromRegionRequest* request,
+    v1::TensorInfo* response) {
+  return ServeOffThread(
+      context, "WriteTensorFromRegion",
+      [request, response](TenantRuntime& runtime) -> absl::Status {
+        std::optional<kernels::TensorMeta> create;
+        if (request->has_create()) {
+          ASSIGN_OR_RETURN(create, MetaFromProto(request->create(), "create"));
+        } else if (request->handle().empty()) {
+          return absl::InvalidArgumentError("the request needs a handle or a create spec");
+        } else {
+          RETURN_IF_ERROR(CheckReference(request->handle(), "handle", "a tensor handle"));
+        }
+        RETURN_IF_ERROR(CheckReference(request->region(), "region", "a region handle"));
+        ASSIGN_OR_RETURN(TensorInfo info,
+                         runtime.WriteFromRegion(request->handle(), create, request->region(),
+                                                 request->offset(), request->length()));
+        TensorInfoToProto(info, response);
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ComputeService::ReadTensorIntoRegion(
+    grpc::CallbackServerContext* context, const v1::ReadTensorIntoRegionRequest* request,
+    v1::ReadTensorIntoRegionResponse* response) {
+  return ServeOffThread(
+      context, "ReadTensorIntoRegion", [request, response](TenantRuntime& runtime) -> absl::Status {
+        RETURN_IF_ERROR(CheckReference(request->handle(), "handle", "a tensor handle"));
+        RETURN_IF_ERROR(CheckReference(request->region(), "region", "a region handle"));
+        ASSIGN_OR_RETURN(TenantRuntime::RegionRead read,
+                         runtime.ReadIntoRegion(request->handle(), request->offset(),
+                                                request->length(), request->region(),
+                                                request->region_offset()));
+        TensorInfoToProto(read.info, response->mutable_info());
+        response->set_bytes(read.bytes);
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace tessera

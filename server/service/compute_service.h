@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <utility>
 
 #include "server/common/fair_executor.h"
 #include "server/core/validation.h"
@@ -11,6 +13,7 @@
 
 namespace tessera {
 
+class RegionTickets;
 class TenantTable;
 
 /// tessera.v1.Compute: a stateless adapter over each tenant's TenantRuntime. Authenticates
@@ -18,25 +21,38 @@ class TenantTable;
 /// that wait (Launch/Submit with `wait`, WaitJob, Synchronize) are finished from the job's
 /// completion, a timer, or the client's cancellation, whichever comes first.
 ///
+/// WriteTensor and ReadTensor are raw methods (grpc::ByteBuffer): their bulk messages are read
+/// and written by hand, each byte copied once between gRPC's slices and the tensor
+/// (transfer_reactors.h).
+///
 /// `authenticator` is borrowed and must outlive the service.
-class ComputeService final : public v1::Compute::CallbackService {
+class ComputeService final
+    : public v1::Compute::WithRawCallbackMethod_WriteTensor<
+          v1::Compute::WithRawCallbackMethod_ReadTensor<v1::Compute::CallbackService>> {
  public:
   /// `tenants` (DefineKernel, DeleteKernel) is not owned and must outlive the service.
+  /// `regions` (nullptr: no descriptor socket, BeginRegion is FAILED_PRECONDITION) is not
+  /// owned and must outlive the service; `region_socket` is its path.
   ComputeService(const Authenticator* authenticator, TenantTable* tenants,
-                 int64_t max_message_bytes)
+                 int64_t max_message_bytes, RegionTickets* regions = nullptr,
+                 std::string region_socket = "")
       : authenticator_(authenticator),
         tenants_(tenants),
         max_message_bytes_(max_message_bytes),
+        regions_(regions),
+        region_socket_(std::move(region_socket)),
         transfers_("tensor transfers", kMaxPendingTransfers, kMaxPendingTransfersPerTenant,
                    kTransferThreads) {}
 
   grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* context,
                                          const v1::CreateTensorRequest* request,
                                          v1::TensorInfo* response) override;
-  grpc::ServerReadReactor<v1::WriteTensorRequest>* WriteTensor(grpc::CallbackServerContext* context,
-                                                               v1::TensorInfo* response) override;
-  grpc::ServerWriteReactor<v1::ReadTensorResponse>* ReadTensor(
-      grpc::CallbackServerContext* context, const v1::ReadTensorRequest* request) override;
+  /// Raw: WriteTensorRequest messages in, a serialized TensorInfo out.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* WriteTensor(grpc::CallbackServerContext* context,
+                                                         grpc::ByteBuffer* response) override;
+  /// Raw: a serialized ReadTensorRequest in, ReadTensorResponse messages out.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadTensor(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* GetTensor(grpc::CallbackServerContext* context,
                                       const v1::GetTensorRequest* request,
                                       v1::TensorInfo* response) override;
@@ -71,6 +87,26 @@ class ComputeService final : public v1::Compute::CallbackService {
                                      const v1::GetUsageRequest* request,
                                      v1::Usage* response) override;
 
+  // Regions (compute_regions.cc).
+  grpc::ServerUnaryReactor* BeginRegion(grpc::CallbackServerContext* context,
+                                        const v1::BeginRegionRequest* request,
+                                        v1::RegionTicket* response) override;
+  grpc::ServerUnaryReactor* FinishRegion(grpc::CallbackServerContext* context,
+                                         const v1::FinishRegionRequest* request,
+                                         v1::Region* response) override;
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const v1::ListRegionsRequest* request,
+                                        v1::ListRegionsResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const v1::UnregisterRegionRequest* request,
+                                             v1::UnregisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* WriteTensorFromRegion(grpc::CallbackServerContext* context,
+                                                  const v1::WriteTensorFromRegionRequest* request,
+                                                  v1::TensorInfo* response) override;
+  grpc::ServerUnaryReactor* ReadTensorIntoRegion(
+      grpc::CallbackServerContext* context, const v1::ReadTensorIntoRegionRequest* request,
+      v1::ReadTensorIntoRegionResponse* response) override;
+
  private:
   /// Authenticates, runs `body(runtime, log)` inline, finishes with its status.
   template <typename Body>
@@ -99,6 +135,8 @@ class ComputeService final : public v1::Compute::CallbackService {
   const Authenticator* const authenticator_;
   TenantTable* const tenants_;
   const int64_t max_message_bytes_;
+  RegionTickets* const regions_;
+  const std::string region_socket_;
   FairExecutor transfers_;
 };
 

@@ -10,6 +10,7 @@ Quota QuotaFromProto(const v1::Quota& proto) {
   quota.max_queued_jobs = proto.max_queued_jobs();
   quota.max_requests_in_flight = proto.max_requests_in_flight();
   quota.requests_per_second = proto.requests_per_second();
+  quota.max_region_bytes = proto.max_region_bytes();
   // UNSPECIFIED means the default; other values pass through for validation to judge.
   quota.priority = proto.priority() == v1::PRIORITY_UNSPECIFIED
                        ? Priority::kNormal
@@ -24,6 +25,7 @@ void QuotaToProto(const Quota& quota, v1::Quota* proto) {
   proto->set_max_queued_jobs(quota.max_queued_jobs);
   proto->set_max_requests_in_flight(quota.max_requests_in_flight);
   proto->set_requests_per_second(quota.requests_per_second);
+  proto->set_max_region_bytes(quota.max_region_bytes);
   proto->set_priority(static_cast<v1::Priority>(quota.priority));
 }
 

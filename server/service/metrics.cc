@@ -300,6 +300,15 @@ std::string Metrics::Render() {
              [](const UsageInfo& u) { return u.memory_quota_bytes; });
   per_tenant("tessera_tenant_tensors", MetricType::Gauge, "Tensors the tenant holds.",
              [](const UsageInfo& u) { return u.tensors; });
+  per_tenant("tessera_tenant_regions", MetricType::Gauge,
+             "Shared-memory regions the tenant has mapped in the server.",
+             [](const UsageInfo& u) { return u.regions; });
+  per_tenant("tessera_tenant_region_bytes", MetricType::Gauge,
+             "Bytes of the tenant's shared-memory regions (against quota.max_region_bytes).",
+             [](const UsageInfo& u) { return u.region_bytes; });
+  per_tenant("tessera_tenant_region_quota_bytes", MetricType::Gauge,
+             "The tenant's quota.max_region_bytes.",
+             [](const UsageInfo& u) { return u.region_quota_bytes; });
   per_tenant("tessera_tenant_jobs_queued", MetricType::Gauge, "Jobs waiting.",
              [](const UsageInfo& u) { return u.jobs_queued; });
   per_tenant("tessera_tenant_jobs_running", MetricType::Gauge, "Jobs running.",

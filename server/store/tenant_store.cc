@@ -110,6 +110,7 @@ CREATE TABLE IF NOT EXISTS tenants (
   device_index          INTEGER NOT NULL,
   max_requests_in_flight INTEGER NOT NULL DEFAULT 0,
   requests_per_second   INTEGER NOT NULL DEFAULT 0,
+  max_region_bytes      INTEGER NOT NULL DEFAULT 0,
   create_time_us        INTEGER NOT NULL,
   update_time_us        INTEGER NOT NULL,
   key_create_time_us    INTEGER NOT NULL,
@@ -128,7 +129,7 @@ CREATE TABLE IF NOT EXISTS tenant_kernels (
   create_time_us INTEGER NOT NULL,
   PRIMARY KEY (tenant_id, name)
 ) STRICT;
-PRAGMA user_version = 3;
+PRAGMA user_version = 4;
 )sql";
 
 // A write transaction that rolls back unless committed.
@@ -193,6 +194,11 @@ absl::StatusOr<std::unique_ptr<TenantStore>> TenantStore::Open(const std::string
           ALTER TABLE tenants ADD COLUMN max_requests_in_flight INTEGER NOT NULL DEFAULT 0;
           ALTER TABLE tenants ADD COLUMN requests_per_second INTEGER NOT NULL DEFAULT 0;)sql"));
     }
+    if (schema >= 1 && schema < 4) {
+      // Version 4 added quota.max_region_bytes (0: not set; defaulted on restore, as above).
+      RETURN_IF_ERROR(
+          Exec(db, "ALTER TABLE tenants ADD COLUMN max_region_bytes INTEGER NOT NULL DEFAULT 0;"));
+    }
     RETURN_IF_ERROR(Exec(db, kSchema));
     RETURN_IF_ERROR(txn.Commit());
     // A new database file: SQLite syncs the directory for the -wal file it creates but not
@@ -213,14 +219,14 @@ absl::Status TenantStore::WriteRecord(const TenantRecord& r, bool insert) {
         INSERT INTO tenants (display_name, device_memory_bytes, compute_share_percent,
           max_streams, max_queued_jobs, priority, device_index, create_time_us,
           update_time_us, key_create_time_us, key_hash, id, max_requests_in_flight,
-          requests_per_second)
-        VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14))sql"
+          requests_per_second, max_region_bytes)
+        VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15))sql"
                                : R"sql(
         UPDATE tenants SET display_name = ?1, device_memory_bytes = ?2,
           compute_share_percent = ?3, max_streams = ?4, max_queued_jobs = ?5, priority = ?6,
           device_index = ?7, create_time_us = ?8, update_time_us = ?9,
           key_create_time_us = ?10, key_hash = ?11, max_requests_in_flight = ?13,
-          requests_per_second = ?14
+          requests_per_second = ?14, max_region_bytes = ?15
         WHERE id = ?12)sql");
     RETURN_IF_ERROR(stmt.status());
     stmt.Bind(1, r.display_name);
@@ -237,6 +243,7 @@ absl::Status TenantStore::WriteRecord(const TenantRecord& r, bool insert) {
     stmt.Bind(12, r.id);
     stmt.Bind(13, static_cast<int64_t>(r.quota.max_requests_in_flight));
     stmt.Bind(14, static_cast<int64_t>(r.quota.requests_per_second));
+    stmt.Bind(15, static_cast<int64_t>(r.quota.max_region_bytes));
     absl::StatusOr<int> step = stmt.Step();
     if (!step.ok()) {
       if (absl::IsAlreadyExists(step.status())) {
@@ -295,7 +302,8 @@ absl::StatusOr<std::vector<TenantRecord>> TenantStore::LoadAll() {
   Statement stmt(db_, R"sql(
       SELECT id, display_name, device_memory_bytes, compute_share_percent, max_streams,
         max_queued_jobs, priority, device_index, create_time_us, update_time_us,
-        key_create_time_us, key_hash, max_requests_in_flight, requests_per_second
+        key_create_time_us, key_hash, max_requests_in_flight, requests_per_second,
+        max_region_bytes
       FROM tenants ORDER BY id)sql");
   RETURN_IF_ERROR(stmt.status());
   for (;;) {
@@ -321,6 +329,7 @@ absl::StatusOr<std::vector<TenantRecord>> TenantStore::LoadAll() {
     std::memcpy(r.key_hash.data(), blob, r.key_hash.size());
     r.quota.max_requests_in_flight = static_cast<uint32_t>(stmt.Int(12));
     r.quota.requests_per_second = static_cast<uint32_t>(stmt.Int(13));
+    r.quota.max_region_bytes = static_cast<uint64_t>(stmt.Int(14));
     records.push_back(std::move(r));
   }
   Statement labels(db_, "SELECT tenant_id, key, value FROM tenant_labels ORDER BY tenant_id");

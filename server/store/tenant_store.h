@@ -59,7 +59,7 @@ class TenantStore {
   absl::StatusOr<std::vector<StoredKernel>> LoadKernels() ABSL_LOCKS_EXCLUDED(mu_);
 
   /// 2 added tenant_kernels (a version-1 file is migrated when opened).
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
  private:
   explicit TenantStore(sqlite3* db) : db_(db) {}

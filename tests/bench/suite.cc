@@ -5,7 +5,8 @@
 //
 //   tessera_bench [--quick] [--backend=cpu|cuda|auto] [--out=DIR] [--doc=FILE]
 //                 [--server_arg=FLAG ...]  (a tessera-server flag, e.g. --cpu_worker_nice=10)
-//                 [--only=tiny,stream,gemm,elementwise,program,scaling,shares,noisy,cold,gpu]
+//                 [--only=tiny,stream,gemm,elementwise,program,scaling,shares,noisy,cold,gpu,
+//                         region]
 //
 // Writes DIR/results.json, DIR/results.md and DIR/*.dat (plotted by tests/bench/plots.gp);
 // with --doc, replaces the results section of FILE (between the markers) with results.md.
@@ -295,6 +296,7 @@ struct Env {
   std::string out_dir;
   std::string backend;
   std::unique_ptr<testing::ServerProcess> server;
+  std::string unix_address;  // "unix:PATH": the server's --unix_socket
   std::unique_ptr<testing::ServerProcess> echo_process;
   std::unique_ptr<Client> admin;
   std::unique_ptr<Echo::Stub> echo;
@@ -1097,6 +1099,148 @@ void Gpu(Env& env) {
 }
 
 // ---------------------------------------------------------------------------------------
+// 11. Clients on the same node: 256 MiB through a shared-memory region over the Unix socket
+// (the C++ client's Upload and Download: one copy on each side) against one memcpy of the same
+// size; a 4 KiB op's latency over the Unix socket beside TCP.
+
+void Regions(Env& env) {
+  const size_t bytes = env.quick ? size_t{64} << 20 : size_t{256} << 20;
+  auto tcp = env.Tenant("region", uint64_t{2} << 30);  // region quota: the memory quota
+  const std::string key = env.keys.at(tcp.get());
+  auto local_or =
+      Client::Connect({.address = env.unix_address, .token = key, .timeout = absl::Minutes(5)});
+  if (!local_or.ok()) {
+    env.report.Skip("11", absl::StrCat("no Unix socket client: ", local_or.status().ToString()));
+    return;
+  }
+  std::unique_ptr<Client> local = *std::move(local_or);
+  env.keys[local.get()] = key;
+  const std::string data = RandomFloats(bytes / sizeof(float));
+  const v1::TensorSpec spec = Spec({static_cast<int64_t>(bytes / sizeof(float))});
+  std::string target(bytes, '\0');  // the memcpy's destination, faulted in once
+  volatile char sink = 0;
+  const int reps = static_cast<int>(env.Pick(3, 7));
+  std::vector<double> copy, up, down, up_zero, down_zero;
+  for (int r = -1; r < reps; ++r) {  // r = -1: warm-up (registers the region), not counted
+    const double c = Time([&] { std::memcpy(target.data(), data.data(), bytes); });
+    sink = sink + target[bytes / 2];
+    std::string handle;
+    bool ok = true;
+    const double u = Time([&] {
+      auto info = local->Upload(spec, data);
+      ok = info.ok();
+      if (ok) handle = info->handle();
+    });
+    std::string back;
+    const double d = Time([&] {
+      auto got = local->Download(handle);
+      ok = ok && got.ok();
+      if (got.ok()) back = *std::move(got);
+    });
+    ok = ok && back.size() == bytes && std::memcmp(back.data(), data.data(), bytes) == 0;
+    back = std::string();
+    (void)local->DeleteTensor(handle);
+    // The zero-copy rows: the client's own region (the one Upload and Download just used),
+    // leased; the caller's bytes are already in it, and the calls copy nothing here.
+    double uz = 0, dz = 0;
+    {
+      auto lease = local->LeaseTransferRegion(bytes);
+      ok = ok && lease.ok() && lease->has_value();
+      if (ok) {
+        const SharedRegion& region = (**lease).region();
+        std::memcpy(region.data(), data.data(), bytes);  // the caller's data, made in place
+        uz = Time([&] {
+          auto info = local->UploadFromRegion(spec, region);
+          ok = info.ok();
+          if (ok) handle = info->handle();
+        });
+        dz = Time([&] { ok = ok && local->DownloadIntoRegion(handle, region).ok(); });
+        (void)local->DeleteTensor(handle);
+      }
+    }
+    if (!ok) {
+      env.report.Skip("11", "a transfer through the region failed or returned other bytes");
+      return;
+    }
+    if (r < 0) continue;
+    copy.push_back(c);
+    up.push_back(u);
+    down.push_back(d);
+    up_zero.push_back(uz);
+    down_zero.push_back(dz);
+  }
+  auto regions = local->ListRegions();
+  const std::string note =
+      regions.ok() ? absl::StrCat(regions->regions_size(), " region(s) registered") : "";
+  const double gb = static_cast<double>(bytes) / 1e9;
+  const std::string size = absl::StrCat(bytes >> 20, " MiB");
+  const std::string baseline = absl::StrCat("memcpy ", size);
+  const double memcpy_rate = gb / Percentile(copy, 0.5);
+  Row upload = Rate("11", absl::StrCat("upload ", size, " through a region (Client::Upload)"),
+                    gb / Percentile(up, 0.5), "GB/s", baseline, memcpy_rate, Goal::kAtLeast, 0.4);
+  upload.note = note;
+  env.report.Add(upload);
+  env.report.Add(Rate("11", absl::StrCat("download ", size, " through a region (Client::Download)"),
+                      gb / Percentile(down, 0.5), "GB/s", baseline, memcpy_rate, Goal::kAtLeast,
+                      0.4));
+  env.report.Add(Rate(
+      "11", absl::StrCat("upload ", size, " from a region the caller filled (UploadFromRegion)"),
+      gb / Percentile(up_zero, 0.5), "GB/s", baseline, memcpy_rate));
+  env.report.Add(Rate(
+      "11", absl::StrCat("download ", size, " into a region the caller reads (DownloadIntoRegion)"),
+      gb / Percentile(down_zero, 0.5), "GB/s", baseline, memcpy_rate));
+
+  // 4 KiB, 1 in flight, interleaved call by call: a Launch (as scenario 1) and the client
+  // library's upload and download (through the region over the Unix socket, streamed over TCP).
+  Operands ops = MakeOperands(*tcp, {1024}, 1);
+  const v1::LaunchRequest launch = Binary("add", ops.a, ops.b, ops.out[0]);
+  const AsyncCall launch_tcp = env.Launches(*tcp, {launch});
+  const AsyncCall launch_unix = env.Launches(*local, {launch});
+  const std::string small = RandomFloats(1024);
+  const v1::TensorSpec small_spec = Spec({1024});
+  auto upload_timed = [&](Client& client) {
+    std::string handle;
+    const double t = Time([&] {
+      auto info = client.Upload(small_spec, small);
+      if (info.ok()) handle = info->handle();
+    });
+    (void)client.DeleteTensor(handle);
+    return t;
+  };
+  auto download_timed = [&](Client& client) { return Time([&] { (void)client.Download(ops.a); }); };
+  for (int i = 0; i < 50; ++i) {  // warm every path
+    (void)TimeOneCall(launch_tcp);
+    (void)TimeOneCall(launch_unix);
+    (void)upload_timed(*tcp);
+    (void)upload_timed(*local);
+    (void)download_timed(*tcp);
+    (void)download_timed(*local);
+  }
+  const int calls = static_cast<int>(env.Pick(300, 1500));
+  std::vector<double> add_tcp, add_unix, up_tcp, up_unix, down_tcp, down_unix;
+  for (int i = 0; i < calls; ++i) {
+    add_tcp.push_back(TimeOneCall(launch_tcp));
+    add_unix.push_back(TimeOneCall(launch_unix));
+    up_tcp.push_back(upload_timed(*tcp));
+    up_unix.push_back(upload_timed(*local));
+    down_tcp.push_back(download_timed(*tcp));
+    down_unix.push_back(download_timed(*local));
+  }
+  env.report.Add(Latency("11", "4 KiB add, Launch wait, p50, Unix socket",
+                         Percentile(add_unix, 0.5), "TCP loopback", Percentile(add_tcp, 0.5)));
+  env.report.Add(Latency("11", "4 KiB upload p50, through a region over the Unix socket",
+                         Percentile(up_unix, 0.5), "WriteTensor over TCP",
+                         Percentile(up_tcp, 0.5)));
+  env.report.Add(Latency("11", "4 KiB download p50, through a region over the Unix socket",
+                         Percentile(down_unix, 0.5), "ReadTensor over TCP",
+                         Percentile(down_tcp, 0.5)));
+  // The region goes with the client, before the tenant is deregistered.
+  env.stubs.erase(local.get());
+  env.keys.erase(local.get());
+  local.reset();
+}
+
+// ---------------------------------------------------------------------------------------
 
 std::string MachineDescription(int cores) {
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -1152,7 +1296,8 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: tessera_bench [--quick] [--backend=cpu|cuda|auto] [--out=DIR] "
                    "[--doc=FILE] [--server_arg=FLAG ...] "
-                   "[--only=tiny,stream,gemm,elementwise,program,scaling,shares,noisy,cold,gpu]\n");
+                   "[--only=tiny,stream,gemm,elementwise,program,scaling,shares,noisy,cold,gpu,"
+                   "region]\n");
       return 2;
     }
   }
@@ -1160,7 +1305,9 @@ int Main(int argc, char** argv) {
 
   testing::TempDir dir;
   std::vector<std::string> flags = {absl::StrCat("--backend=", env.backend), "--log_level=warn",
-                                    "--cpu_memory_bytes=8GiB"};
+                                    "--cpu_memory_bytes=8GiB",
+                                    absl::StrCat("--unix_socket=", dir.File("t.sock"))};
+  env.unix_address = absl::StrCat("unix:", dir.File("t.sock"));
   flags.insert(flags.end(), server_args.begin(), server_args.end());  // later flags win
   auto server = testing::ServerProcess::Start({.state_dir = dir.File("var"), .args = flags});
   if (!server.ok()) {
@@ -1187,7 +1334,7 @@ int Main(int argc, char** argv) {
   const std::vector<std::pair<std::string, void (*)(Env&)>> scenarios = {
       {"tiny", TinyOp},      {"stream", Streams},  {"gemm", Gemm},     {"elementwise", Elementwise},
       {"program", Programs}, {"scaling", Scaling}, {"shares", Shares}, {"noisy", Noisy},
-      {"cold", ColdStart},   {"gpu", Gpu}};
+      {"cold", ColdStart},   {"gpu", Gpu},         {"region", Regions}};
   std::printf("| # | figure | Tessera | baseline (same run) | ratio | target | |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const auto& [name, run] : scenarios) {

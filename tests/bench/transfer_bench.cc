@@ -1,8 +1,12 @@
-// In-process timing of the C++ client library's streamed transfers: tessera::Client::Upload
-// and Download of an N MiB f32 tensor against a running server, for the Python client's
-// baseline (client/python/benchmarks/transfer_bench.py runs this against the same server).
-// Usage: TESSERA_ADDR=host:port TESSERA_TOKEN=key tessera_transfer_bench [mib] [reps] [chunk_kib]
-// Prints one line per repetition: "upload_s download_s".
+// In-process timing of the C++ client library's transfers: tessera::Client::Upload and
+// Download of an N MiB f32 tensor against a running server, for the Python client's baseline
+// (client/python/benchmarks/transfer_bench.py runs this against the same server). Streamed over
+// TCP; with TESSERA_ADDR=unix:PATH (the server's --unix_socket) through a shared-memory region,
+// unless TESSERA_REGIONS=off.
+// Usage: TESSERA_ADDR=host:port|unix:PATH TESSERA_TOKEN=key [TESSERA_REGIONS=off]
+//        tessera_transfer_bench [mib] [reps] [chunk_kib]
+// Prints one line per repetition: "upload_s download_s"; on stderr, at the end, how the bytes
+// moved ("through a region" or "streamed").
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,8 +25,12 @@ int main(int argc, char** argv) {
   const uint64_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 256;
   const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
   const size_t chunk = (argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 4096) << 10;
-  auto client =
-      tessera::Client::Connect({.address = addr, .token = token, .timeout = absl::Seconds(600)});
+  const char* regions = std::getenv("TESSERA_REGIONS");
+  auto client = tessera::Client::Connect(
+      {.address = addr,
+       .token = token,
+       .timeout = absl::Seconds(600),
+       .use_regions = regions == nullptr || std::string(regions) != "off"});
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
     return 1;
@@ -55,5 +63,11 @@ int main(int argc, char** argv) {
                 std::chrono::duration<double>(t2 - t1).count());
     std::fflush(stdout);
   }
+  // The client keeps its region until it is destroyed: one is registered now if it used one.
+  auto listed = (*client)->ListRegions();
+  std::fprintf(stderr, "%s\n",
+               !(*client)->unix_socket_path().empty() && listed.ok() && listed->regions_size() > 0
+                   ? "through a region"
+                   : "streamed");
   return 0;
 }

@@ -132,6 +132,27 @@ def gpu_count(container):
     return 0
 
 
+def chowned_by_init(pod, inits, volume, uid):
+    """True when a root init container with CHOWN mounts `volume` and chowns its mount to
+    `uid` (the kubelet creates hostPath directories root-owned; fsGroup does not apply)."""
+    for c in inits:
+        init_mount = next((m for m in c.get("volumeMounts") or []
+                           if m.get("name") == volume.get("name")), None)
+        if init_mount is None:
+            continue
+        text = command_text(c)
+        owners = {int(m.group(1)) for m in
+                  re.finditer(r"chown\s+(?:-\S+\s+)*(\d+)(?::\d+)?\s", text + " ")}
+        c_uid = security(pod, c, "runAsUser")
+        caps = (c.get("securityContext") or {}).get("capabilities") or {}
+        has_chown = "ALL" not in (caps.get("drop") or []) or \
+            "CHOWN" in (caps.get("add") or [])
+        if (uid in owners and c_uid == 0 and has_chown
+                and init_mount.get("mountPath") in text):
+            return True
+    return False
+
+
 def check_daemonset(path, ds, report):
     name = ds.get("metadata", {}).get("name")
     pod = (((ds.get("spec") or {}).get("template") or {}).get("spec")) or {}
@@ -263,23 +284,7 @@ def check_daemonset(path, ds, report):
         elif mount.get("readOnly"):
             report.fail(sv, "state-dir", f"--state_dir={state} is mounted read-only")
         elif "hostPath" in volume:
-            ok = False
-            for c in inits:
-                init_mount = next((m for m in c.get("volumeMounts") or []
-                                   if m.get("name") == volume.get("name")), None)
-                if init_mount is None:
-                    continue
-                text = command_text(c)
-                owners = {int(m.group(1)) for m in
-                          re.finditer(r"chown\s+(?:-\S+\s+)*(\d+)(?::\d+)?\s", text + " ")}
-                c_uid = security(pod, c, "runAsUser")
-                caps = (c.get("securityContext") or {}).get("capabilities") or {}
-                has_chown = "ALL" not in (caps.get("drop") or []) or \
-                    "CHOWN" in (caps.get("add") or [])
-                if (uid in owners and c_uid == 0 and has_chown
-                        and init_mount.get("mountPath") in text):
-                    ok = True
-            if not ok:
+            if not chowned_by_init(pod, inits, volume, uid):
                 report.fail(sv, "state-dir",
                             f"--state_dir={state} is hostPath {volume['hostPath'].get('path')}, "
                             f"which the kubelet creates root-owned and fsGroup does not change: "
@@ -293,6 +298,24 @@ def check_daemonset(path, ds, report):
             kinds = ", ".join(k for k in volume if k != "name")
             report.fail(sv, "state-dir", f"--state_dir={state} is on a {kinds} volume, not "
                         "writable state")
+
+    # --unix_socket: on a hostPath directory (shared with the pods on the node), writable,
+    # made the server's by a root init container like the state directory.
+    unix_socket = flags(server).get("unix_socket")
+    if unix_socket:
+        directory = unix_socket.rsplit("/", 1)[0] or "/"
+        volume, mount = volume_for(pod, server, directory)
+        if volume is None or "hostPath" not in volume:
+            report.fail(sv, "unix-socket",
+                        f"--unix_socket={unix_socket} is not on a hostPath volume: pods on the "
+                        "node cannot reach it")
+        elif mount.get("readOnly"):
+            report.fail(sv, "unix-socket", f"--unix_socket={unix_socket} is mounted read-only")
+        elif not chowned_by_init(pod, inits, volume, uid):
+            report.fail(sv, "unix-socket",
+                        f"--unix_socket={unix_socket}: hostPath "
+                        f"{volume['hostPath'].get('path')} is created root-owned: add a root "
+                        f"init container (CHOWN) that chowns it to uid {uid}")
 
     # tolerations
     tolerated = False
@@ -456,6 +479,7 @@ def self_test(directory):
             hostPath={"path": "/run/tessera-mps"}) or volume(p, "mps").pop("emptyDir"),
         "metrics": lambda p: set_arg(p, "metrics_listen", "0.0.0.0:9999"),
         "metrics-auth": lambda p: set_arg(p, "metrics_token_file", None),
+        "unix-socket": lambda p: set_arg(p, "unix_socket", "/tmp/tessera.sock"),
     }
     # The device plugin's MPS: the plugin mounts /dev/shm and injects the pipe directory.
     plugin_mutations = {

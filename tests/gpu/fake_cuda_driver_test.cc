@@ -1,7 +1,8 @@
 // The fake driver's own accounting (tests/testing/fake_cuda), on the driver API directly:
 // objects destroyed in order leave nothing counted, and what outlives its context is counted
 // by how CUDA ends it (freed with a healthy plain context, outliving a green one, freed with a
-// faulted one). The backend's tests (fake_cuda_test.cc, gpu_test.cc) rely on these counts.
+// faulted one); host registration and the count of copies by host memory. The backend's
+// tests (fake_cuda_test.cc, fake_cuda_regions_test.cc, gpu_test.cc) rely on these counts.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -32,7 +33,8 @@ using ::testing::HasSubstr;
   X(cuEventDestroy) X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost)         \
   X(cuLibraryLoadData) X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuLaunchKernel)        \
   X(cuDeviceGetDevResource) X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc)  \
-  X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) X(cuGreenCtxStreamCreate)
+  X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) X(cuGreenCtxStreamCreate)  \
+  X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)
 // clang-format on
 
 class FakeCudaDriverTest : public ::testing::Test {
@@ -244,6 +246,77 @@ TEST_F(FakeCudaDriverTest, WhatAFaultedContextHeldIsFreedWithItExceptGreenStream
   EXPECT_EQ(fake_->tally(FakeCudaKind::kDeviceMemory).freed_after_fault, 2);
   EXPECT_EQ(fake_->Leaks(&report), 1) << report;
   EXPECT_EQ(fake_->misuses(), 0);
+}
+
+// Host registration as cuda.h describes it: a range pinned for the registering context,
+// overlaps refused, the base pointer to unregister; copies counted by the host memory they
+// use, and one that runs past a registered range a misuse.
+TEST_F(FakeCudaDriverTest, HostRegistrationPinsARangeAndCopiesAreCountedByHostMemory) {
+  CUcontext plain = nullptr;
+  ASSERT_EQ(cuCtxCreate(&plain, nullptr, 0, 0), CUDA_SUCCESS);
+  CUstream stream = nullptr;
+  CUdeviceptr memory = 0;
+  void* pinned = nullptr;
+  ASSERT_EQ(cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAlloc(&memory, 4096), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemHostAlloc(&pinned, 4096, 0), CUDA_SUCCESS);
+  std::vector<char> host(3 * 4096, 7);
+  char* range = host.data() + 4096;
+  ASSERT_EQ(cuMemHostRegister(range, 4096, 0), CUDA_SUCCESS);
+  EXPECT_EQ(fake_->tally(FakeCudaKind::kHostRegistration).live, 1);
+  // Overlapping a registered range, or cuMemHostAlloc's memory, is refused (not a misuse).
+  EXPECT_EQ(cuMemHostRegister(range + 4095, 2, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  EXPECT_EQ(cuMemHostRegister(host.data(), 4097, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  EXPECT_EQ(cuMemHostRegister(pinned, 16, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  EXPECT_EQ(fake_->misuses(), 0);
+
+  EXPECT_EQ(cuMemcpyHtoDAsync(memory, range, 4096, stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemcpyDtoHAsync(range + 100, memory, 200, stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemcpyHtoDAsync(memory, pinned, 4096, stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemcpyDtoHAsync(host.data(), memory, 4096, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(stream), CUDA_SUCCESS);
+  testing::FakeCudaHostCopies copies = fake_->host_copies();
+  EXPECT_EQ(copies.direct_in.copies, 1);
+  EXPECT_EQ(copies.direct_in.bytes, 4096);
+  EXPECT_EQ(copies.direct_out.copies, 1);
+  EXPECT_EQ(copies.direct_out.bytes, 200);
+  EXPECT_EQ(copies.staging_in.copies, 1);
+  EXPECT_EQ(copies.staging_out.copies, 0);
+  EXPECT_EQ(copies.pageable_out.copies, 1);
+  EXPECT_EQ(copies.pageable_in.copies, 0);
+
+  // A host range that starts inside the registered range must end inside it.
+  EXPECT_EQ(cuMemcpyHtoDAsync(memory, range + 4000, 200, stream), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(fake_->misuses(), 1);
+  // Unregistering takes the base pointer.
+  EXPECT_EQ(cuMemHostUnregister(range + 1), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+  EXPECT_EQ(fake_->misuses(), 2);
+  EXPECT_EQ(cuMemHostUnregister(range), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemHostUnregister(range), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+  EXPECT_EQ(fake_->misuses(), 3);
+  EXPECT_EQ(fake_->tally(FakeCudaKind::kHostRegistration).live, 0);
+  // The range is pageable again.
+  EXPECT_EQ(cuMemcpyHtoDAsync(memory, range + 4000, 200, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(stream), CUDA_SUCCESS);
+  EXPECT_EQ(fake_->host_copies().pageable_in.copies, 1);
+
+  // A range left registered goes with its context, like the rest: a leak for the tests.
+  ASSERT_EQ(cuMemHostRegister(range, 4096, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy(stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree(memory), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFreeHost(pinned), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxDestroy(plain), CUDA_SUCCESS);
+  EXPECT_EQ(fake_->tally(FakeCudaKind::kHostRegistration).freed_with_context, 1);
+  std::string report;
+  EXPECT_EQ(fake_->Leaks(&report), 1) << report;
+  EXPECT_THAT(report, HasSubstr("fake libcuda: leak: 1 host registration from cuMemHostRegister "
+                                "still alive when cuCtxDestroy destroyed their context"));
+  // Released: the range can be registered again.
+  ASSERT_EQ(cuCtxCreate(&plain, nullptr, 0, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemHostRegister(range, 4096, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemHostUnregister(range), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxDestroy(plain), CUDA_SUCCESS);
+  EXPECT_EQ(fake_->misuses(), 3);
 }
 
 }  // namespace

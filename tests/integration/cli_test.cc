@@ -1,6 +1,8 @@
 // The `tessera` CLI (and tessera-server's --help and --version) as a user meets them, against
 // a real server on loopback: help, version, every exit status, stdin/stdout pipes, size units,
-// attribute errors, human and JSON output, the progress bar.
+// attribute errors, human and JSON output, the progress bar; and over the server's Unix socket,
+// transfers through shared-memory regions (with the C++ client library underneath them).
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -645,6 +648,364 @@ TEST_F(CliTest, ProgressBarWithRateOnTerminalsOnly) {
   auto piped = Cli({"tensor", "put", files.File("big.npy")}, key);
   EXPECT_EQ(piped.exit_code, kOk);
   EXPECT_THAT(piped.output, Not(HasSubstr("put [")));
+}
+
+// ---- the Unix socket and shared-memory regions
+// ---------------------------------------------------
+
+// A server that also listens on a Unix socket (and the descriptor socket beside it), with its
+// access log on: the log says which RPCs moved a transfer's bytes.
+class CliRegionTest : public CliTest {
+ protected:
+  void SetUp() override {
+    socket_ = dir_.File("t.sock");
+    StartServer({"--unix_socket=" + socket_, "--log_level=info"});
+  }
+
+  // The CLI over the Unix socket, with `env` added to its environment.
+  testing::CommandResult UnixCli(std::vector<std::string> args, const std::string& token,
+                                 const std::map<std::string, std::string>& env = {}) {
+    args.insert(args.begin(), testing::CliBinary());
+    std::map<std::string, std::string> all = Env(token);
+    all["TESSERA_ADDR"] = "unix:" + socket_;
+    for (const auto& [k, v] : env) all[k] = v;
+    auto result = testing::RunCommand(args, all);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? *result : testing::CommandResult{};
+  }
+
+  std::unique_ptr<Client> UnixClient(const std::string& key, bool use_regions = true) {
+    auto client = Client::Connect({.address = "unix:" + socket_,
+                                   .token = key,
+                                   .timeout = absl::Seconds(20),
+                                   .use_regions = use_regions});
+    EXPECT_TRUE(client.ok()) << client.status();
+    return *std::move(client);
+  }
+
+  // Calls of Compute's `method` in the access log so far.
+  int Calls(const std::string& method) const {
+    const std::string needle = absl::StrCat("method=tessera.v1.Compute/", method, " ");
+    const std::string log = server_->output();
+    int n = 0;
+    for (size_t at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1)) {
+      ++n;
+    }
+    return n;
+  }
+  // Waits until the access log has `n` calls of `method` (the log is read as it comes).
+  bool WaitForCalls(const std::string& method, int n) const {
+    for (int i = 0; i < 200 && Calls(method) < n; ++i) absl::SleepFor(absl::Milliseconds(25));
+    return Calls(method) >= n;
+  }
+
+  // An .npy file of `elements` distinct f32 values; its path.
+  std::string ArrayFile(const testing::TempDir& files, const std::string& name, int64_t elements) {
+    std::string data(static_cast<size_t>(elements) * 4, '\0');
+    for (int64_t i = 0; i < elements; ++i) {
+      const float v = static_cast<float>(i) * 0.5f;
+      std::memcpy(&data[static_cast<size_t>(i) * 4], &v, 4);
+    }
+    NpyArray array{v1::DTYPE_F32, {elements}, std::move(data)};
+    EXPECT_TRUE(WriteNpyFile(files.File(name), array).ok());
+    return files.File(name);
+  }
+
+  static std::string FileBytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  std::string socket_;
+};
+
+TEST_F(CliRegionTest, TensorPutAndGetGoThroughARegionOverTheUnixSocket) {
+  const std::string key = MustRegister("alpha");
+  testing::TempDir files;
+  const std::string x = ArrayFile(files, "x.npy", 700'000);  // 2.7 MiB: a region of 3 MiB
+  auto put = UnixCli({"tensor", "put", x}, key);
+  ASSERT_EQ(put.exit_code, kOk) << put.output;
+  const std::string handle(absl::StripAsciiWhitespace(put.output));
+  EXPECT_THAT(handle, StartsWith("tn_"));
+  auto got = UnixCli({"tensor", "get", handle, "-o", files.File("y.npy")}, key);
+  ASSERT_EQ(got.exit_code, kOk) << got.output;
+  EXPECT_THAT(got.output, HasSubstr("(f32[700000], 2.7 MiB)"));
+  EXPECT_EQ(FileBytes(files.File("y.npy")), FileBytes(x));
+  // Into a pipe too.
+  auto piped = Shell(absl::StrCat("TESSERA_ADDR=unix:", Quoted(socket_),
+                                  " \"$TESSERA\" tensor get ", handle, " -o - | cmp - ", Quoted(x)),
+                     key);
+  EXPECT_EQ(piped.exit_code, 0) << piped.output;
+
+  // The bytes went through regions, which each command unregistered before it exited.
+  EXPECT_TRUE(WaitForCalls("UnregisterRegion", 3)) << server_->output();
+  EXPECT_EQ(Calls("WriteTensorFromRegion"), 1);
+  EXPECT_EQ(Calls("ReadTensorIntoRegion"), 2);
+  EXPECT_EQ(Calls("FinishRegion"), 3);
+  EXPECT_EQ(Calls("WriteTensor"), 0);
+  EXPECT_EQ(Calls("ReadTensor"), 0);
+  auto listed = UnixCli({"region", "list"}, key);
+  ASSERT_EQ(listed.exit_code, kOk) << listed.output;
+  EXPECT_THAT(listed.output, Not(HasSubstr("rg_")));
+  EXPECT_THAT(server_->output(), HasSubstr("peer=unix:" + socket_));
+}
+
+TEST_F(CliRegionTest, RegionsTurnedOffStreamOverTheUnixSocket) {
+  const std::string key = MustRegister("alpha");
+  testing::TempDir files;
+  const std::string x = ArrayFile(files, "x.npy", 300'000);
+  // $TESSERA_REGIONS=off, and --no_regions per command.
+  auto put = UnixCli({"tensor", "put", x}, key, {{"TESSERA_REGIONS", "off"}});
+  ASSERT_EQ(put.exit_code, kOk) << put.output;
+  const std::string handle(absl::StripAsciiWhitespace(put.output));
+  auto got = UnixCli({"tensor", "get", handle, "-o", files.File("y.npy"), "--no_regions"}, key);
+  ASSERT_EQ(got.exit_code, kOk) << got.output;
+  EXPECT_EQ(FileBytes(files.File("y.npy")), FileBytes(x));
+  auto again = UnixCli({"tensor", "put", x, "--no_regions", "--chunk=64Ki"}, key);
+  ASSERT_EQ(again.exit_code, kOk) << again.output;
+  EXPECT_TRUE(WaitForCalls("WriteTensor", 2)) << server_->output();
+  EXPECT_TRUE(WaitForCalls("ReadTensor", 1));
+  EXPECT_EQ(Calls("BeginRegion"), 0);
+  EXPECT_EQ(Calls("WriteTensorFromRegion"), 0);
+  EXPECT_EQ(Calls("ReadTensorIntoRegion"), 0);
+
+  auto bad = UnixCli({"usage"}, key, {{"TESSERA_REGIONS", "sometimes"}});
+  EXPECT_EQ(bad.exit_code, kUsage) << bad.output;
+  EXPECT_THAT(bad.output, HasSubstr("$TESSERA_REGIONS is \"sometimes\"; use auto or off"));
+  EXPECT_EQ(UnixCli({"usage"}, key, {{"TESSERA_REGIONS", "auto"}}).exit_code, kOk);
+}
+
+TEST_F(CliRegionTest, UsageRegionListAndRm) {
+  const std::string key = MustRegister("alpha");
+  auto client = UnixClient(key);
+  auto region = SharedRegion::Register(*client, 3 << 20);
+  ASSERT_TRUE(region.ok()) << region.status();
+  const std::string handle = (*region)->handle();
+  EXPECT_THAT(handle, StartsWith("rg_"));
+
+  auto usage = UnixCli({"usage"}, key);
+  ASSERT_EQ(usage.exit_code, kOk) << usage.output;
+  EXPECT_THAT(usage.output, HasSubstr("\nregions: 1, 3 MiB of 1 GiB (max_region_bytes)\n"));
+  v1::Usage counters;
+  auto json = UnixCli({"usage", "--output=json"}, key);
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.output, &counters).ok())
+      << json.output;
+  EXPECT_EQ(counters.regions(), 1u);
+  EXPECT_EQ(counters.region_bytes(), uint64_t{3} << 20);
+  EXPECT_EQ(counters.region_quota_bytes(), testing::kGiB);
+
+  // Listed from anywhere (TCP too), with `ls` as another name for `list`.
+  auto listed = Cli({"region", "list"}, key);
+  ASSERT_EQ(listed.exit_code, kOk) << listed.output;
+  EXPECT_THAT(listed.output, HasSubstr("HANDLE"));
+  EXPECT_TRUE(std::regex_search(
+      listed.output, std::regex(handle + R"( +3 MiB  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ +0\n)")))
+      << listed.output;
+  EXPECT_EQ(Cli({"region", "ls"}, key).output, listed.output);
+  v1::ListRegionsResponse regions;
+  auto listed_json = Cli({"region", "list", "--output=json"}, key);
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(listed_json.output, &regions).ok())
+      << listed_json.output;
+  ASSERT_EQ(regions.regions_size(), 1);
+  EXPECT_EQ(regions.regions(0).handle(), handle);
+  EXPECT_EQ(regions.regions(0).size_bytes(), uint64_t{3} << 20);
+
+  auto removed = Cli({"region", "rm", handle}, key);
+  ASSERT_EQ(removed.exit_code, kOk) << removed.output;
+  EXPECT_EQ(removed.output, absl::StrCat("unregistered ", handle, " (3 MiB)\n"));
+  EXPECT_THAT(Cli({"usage"}, key).output, HasSubstr("\nregions: 0, 0 B of 1 GiB"));
+  auto again = Cli({"region", "rm", handle, "--output=json"}, key);
+  EXPECT_EQ(again.exit_code, kRefused) << again.output;
+  EXPECT_THAT(again.output, HasSubstr("NOT_FOUND"));
+  EXPECT_EQ(Cli({"region", "rm"}, key).exit_code, kUsage);
+  // Another tenant's region is not found either.
+  auto beta = UnixClient(MustRegister("beta"));
+  auto other_region = SharedRegion::Register(*beta, 1 << 20);
+  ASSERT_TRUE(other_region.ok()) << other_region.status();
+  EXPECT_EQ(Cli({"region", "rm", (*other_region)->handle()}, key).exit_code, kRefused);
+}
+
+TEST_F(CliRegionTest, MaxRegionBytesIsAQuota) {
+  auto registered = Cli({"tenant", "register", "small", "--memory=1Gi", "--max_region_bytes=2Mi"});
+  ASSERT_EQ(registered.exit_code, kOk) << registered.output;
+  EXPECT_THAT(registered.output, HasSubstr("region quota:    2 MiB (2,097,152 bytes)\n"));
+  std::smatch api_key;
+  ASSERT_TRUE(std::regex_search(registered.output, api_key, std::regex(R"(tsk_small\.\S+)")));
+  const std::string key = api_key.str();
+  EXPECT_THAT(Cli({"tenant", "get", "small"}).output,
+              HasSubstr("region quota:    2 MiB (2,097,152 bytes)\n"));
+  auto decimal = Cli({"tenant", "register", "dec", "--memory=1Gi", "--max_region_bytes=5M"});
+  ASSERT_EQ(decimal.exit_code, kOk) << decimal.output;
+  EXPECT_THAT(decimal.output, HasSubstr("region quota:    5 MB (5,000,000 bytes)\n"));
+  EXPECT_THAT(decimal.output, HasSubstr("decimal units"));
+  auto defaulted = Cli({"tenant", "register", "plain", "--memory=1Gi"});
+  EXPECT_THAT(defaulted.output, HasSubstr("region quota:    1 GiB (1,073,741,824 bytes)\n"));
+  auto listed = Cli({"tenant", "list"});
+  EXPECT_THAT(listed.output, HasSubstr("    MEMORY    REGIONS  SHARE"));
+  EXPECT_TRUE(std::regex_search(listed.output, std::regex(R"(\nsmall +\S+ +1 GiB +2 MiB +100%)")))
+      << listed.output;
+  v1::Tenant tenant;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(
+                  Cli({"tenant", "get", "small", "--output=json"}).output, &tenant)
+                  .ok());
+  EXPECT_EQ(tenant.quota().max_region_bytes(), uint64_t{2} << 20);
+
+  auto lots = Cli({"tenant", "register", "x", "--memory=1Gi", "--max_region_bytes=lots"});
+  EXPECT_EQ(lots.exit_code, kUsage) << lots.output;
+  EXPECT_THAT(lots.output, HasSubstr("\"lots\" is not a size"));
+  EXPECT_EQ(Cli({"tenant", "register", "x", "--memory=1Gi", "--max_region_bytes=0"}).exit_code,
+            kUsage);
+  auto tiny = Cli({"tenant", "register", "x", "--memory=1Gi", "--max_region_bytes=4Ki"});
+  EXPECT_EQ(tiny.exit_code, kRefused) << tiny.output;
+  EXPECT_THAT(tiny.output, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(tiny.output, HasSubstr("max_region_bytes"));
+  auto update = Cli({"tenant", "update", "small", "--max_region_bytes=4Mi"});
+  EXPECT_EQ(update.exit_code, kRefused) << update.output;
+  EXPECT_THAT(update.output, HasSubstr("FAILED_PRECONDITION"));
+
+  // Past the quota a region is refused, and `tensor put` streams instead.
+  auto client = UnixClient(key);
+  auto region = SharedRegion::Register(*client, 3 << 20);
+  EXPECT_TRUE(absl::IsResourceExhausted(region.status())) << region.status();
+  testing::TempDir files;
+  const std::string x = ArrayFile(files, "x.npy", 1 << 20);  // 4 MiB
+  auto put = UnixCli({"tensor", "put", x}, key);
+  ASSERT_EQ(put.exit_code, kOk) << put.output;
+  EXPECT_TRUE(WaitForCalls("WriteTensor", 1)) << server_->output();
+  EXPECT_EQ(Calls("WriteTensorFromRegion"), 0);
+}
+
+// The C++ client library under `tensor put` and `get`: one region kept, grown and reused.
+TEST_F(CliRegionTest, TheClientKeepsOneRegionForItsTransfers) {
+  const std::string key = MustRegister("alpha");
+  auto lister = ClientWith(key);
+  auto regions = [&] {
+    auto listed = lister->ListRegions();
+    EXPECT_TRUE(listed.ok()) << listed.status();
+    std::vector<uint64_t> sizes;
+    if (listed.ok()) {
+      for (const v1::Region& r : listed->regions()) sizes.push_back(r.size_bytes());
+    }
+    return sizes;
+  };
+  auto client = UnixClient(key);
+  EXPECT_EQ(client->unix_socket_path(), socket_);
+  auto bytes = [](size_t n, char seed) {
+    std::string data(n, '\0');
+    for (size_t i = 0; i < n; ++i) data[i] = static_cast<char>(seed + i * 7);
+    return data;
+  };
+  v1::TensorSpec spec;
+  spec.set_dtype(v1::DTYPE_U8);
+  spec.add_shape(3 << 20);
+  const std::string three = bytes(3 << 20, 1);
+  int progress_calls = 0;
+  auto a = client->Upload(spec, three, 1 << 20, [&](uint64_t done, uint64_t total) {
+    ++progress_calls;
+    EXPECT_EQ(done, total);
+  });
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(progress_calls, 1);
+  EXPECT_EQ(regions(), std::vector<uint64_t>{3 << 20});
+  auto back = client->Download(a->handle());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == three);
+  auto part = client->Download(a->handle(), 1000, 5000);
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_EQ(*part, three.substr(1000, 5000));
+  const std::string other = bytes(3 << 20, 9);
+  ASSERT_TRUE(client->Overwrite(a->handle(), other).ok());
+  EXPECT_TRUE(*client->Download(a->handle()) == other);
+  // Smaller transfers reuse it; a bigger one replaces it.
+  spec.set_shape(0, 1000);
+  ASSERT_TRUE(client->Upload(spec, bytes(1000, 3)).ok());
+  EXPECT_EQ(regions(), std::vector<uint64_t>{3 << 20});
+  spec.set_shape(0, (5 << 20) + 1);
+  auto big = client->Upload(spec, bytes((5 << 20) + 1, 5));
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(regions(), std::vector<uint64_t>{6 << 20});
+  EXPECT_EQ(client->Download(big->handle())->size(), (5u << 20) + 1);
+  // The server's refusals are the same as when streaming.
+  EXPECT_TRUE(absl::IsNotFound(client->Download("tn_missing").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(client->Overwrite(a->handle(), "short").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(client->Download(a->handle(), 4 << 20).status()));
+  EXPECT_EQ(Calls("WriteTensor"), 0);
+  EXPECT_EQ(Calls("ReadTensor"), 0);
+
+  // Zero copies: the caller fills the client's region, or its own, and reads it.
+  {
+    auto lease = client->LeaseTransferRegion(1 << 20);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    ASSERT_TRUE(lease->has_value());
+    std::memcpy((*lease)->data(), three.data(), 1 << 20);
+    spec.set_shape(0, 1 << 20);
+    auto made = client->UploadFromRegion(spec, (*lease)->region());
+    ASSERT_TRUE(made.ok()) << made.status();
+    auto own = SharedRegion::Register(*client, 2 << 20);
+    ASSERT_TRUE(own.ok()) << own.status();
+    auto read = client->DownloadIntoRegion(made->handle(), **own, 1 << 20);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->bytes(), 1u << 20);
+    EXPECT_EQ(std::memcmp((*own)->data() + (1 << 20), three.data(), 1 << 20), 0);
+    EXPECT_EQ(regions().size(), 2u);
+  }
+  EXPECT_EQ(regions(), std::vector<uint64_t>{6 << 20});  // its own region went with it
+
+  // A client that does not use regions streams; the client's region goes with it.
+  auto streaming = UnixClient(key, /*use_regions=*/false);
+  ASSERT_TRUE(streaming->Upload(spec, three.substr(0, 1 << 20)).ok());
+  EXPECT_TRUE(WaitForCalls("WriteTensor", 1));
+  auto over_tcp = ClientWith(key);
+  EXPECT_TRUE(absl::IsFailedPrecondition(SharedRegion::Register(*over_tcp, 1 << 20).status()));
+  EXPECT_FALSE(over_tcp->LeaseTransferRegion(1 << 20)->has_value());
+  client.reset();
+  EXPECT_TRUE(regions().empty());
+}
+
+TEST_F(CliRegionTest, TheClientStreamsWhenItCannotUseRegions) {
+  const std::string key = MustRegister("alpha");
+  // No descriptor socket where the client looks (a container that mounts only the gRPC socket).
+  ASSERT_EQ(unlink((socket_ + ".regions").c_str()), 0);
+  auto client = UnixClient(key);
+  v1::TensorSpec spec;
+  spec.set_dtype(v1::DTYPE_U8);
+  spec.add_shape(1 << 20);
+  const std::string data(1 << 20, 'x');
+  auto made = client->Upload(spec, data);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_EQ(*client->Download(made->handle()), data);
+  auto region = SharedRegion::Register(*client, 1 << 20);
+  EXPECT_TRUE(absl::IsFailedPrecondition(region.status())) << region.status();
+  EXPECT_THAT(region.status().message(), HasSubstr("descriptor socket"));
+  EXPECT_TRUE(WaitForCalls("ReadTensor", 1));
+  EXPECT_EQ(Calls("WriteTensor"), 1);
+  EXPECT_EQ(Calls("BeginRegion"), 2);  // once for the client, which then streams; once above
+}
+
+TEST_F(CliRegionTest, AServerRestartedSinceForgetsTheRegionAndTheClientRegistersAnother) {
+  const std::string key = MustRegister("alpha");
+  auto client = UnixClient(key, getenv("DBG_NOREG") == nullptr);
+  v1::TensorSpec spec;
+  spec.set_dtype(v1::DTYPE_U8);
+  spec.add_shape(1 << 20);
+  const std::string data(1 << 20, 'y');
+  ASSERT_TRUE(client->Upload(spec, data).ok());
+  fprintf(stderr, "DBG0 %s\n", absl::FormatTime(absl::Now()).c_str());
+  ASSERT_TRUE(server_->Stop(SIGTERM).ok());
+  fprintf(stderr, "DBG1 %s\n", absl::FormatTime(absl::Now()).c_str());
+  StartServer({"--unix_socket=" + socket_, "--log_level=info"});
+  fprintf(stderr, "DBG2 %s\n", absl::FormatTime(absl::Now()).c_str());
+  absl::StatusOr<v1::TensorInfo> again;
+  for (int i = 0; i < 50; ++i) {  // the channel reconnects
+    again = client->Upload(spec, data);
+    fprintf(stderr, "DBG3 %s %s\n", absl::FormatTime(absl::Now()).c_str(), again.status().ToString().c_str());
+    if (!absl::IsUnavailable(again.status())) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*client->Download(again->handle()), data);
+  EXPECT_EQ(Calls("WriteTensorFromRegion"), 2);  // NOT_FOUND with the old region, then OK
+  EXPECT_EQ(Calls("WriteTensor"), 0);
 }
 
 }  // namespace

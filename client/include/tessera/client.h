@@ -20,7 +20,7 @@
 namespace tessera {
 
 struct ClientOptions {
-  /// host:port of the server.
+  /// host:port of the server, or "unix:PATH" for its --unix_socket on this node.
   std::string address = "127.0.0.1:50051";
   /// Sent as "authorization: Bearer <token>": the admin token for TenantAdmin calls, a
   /// tenant API key for Compute calls. May be empty (calls are then UNAUTHENTICATED).
@@ -33,6 +33,54 @@ struct ClientOptions {
   std::string tls_key_file;
   /// Per-call deadline.
   absl::Duration timeout = absl::Seconds(30);
+  /// With `address` "unix:PATH" (a tessera-server with --unix_socket on this node), Upload,
+  /// Overwrite and Download move the bytes through a shared-memory region instead of messages
+  /// (docs/api.md, "Clients on the same node"): one copy on each side. The client registers
+  /// the region on first need, replaces it with a bigger one when a transfer needs more, reuses
+  /// it across calls and unregisters it when destroyed; it counts against the tenant's
+  /// Quota.max_region_bytes. Those calls stream as over TCP when the server has no descriptor
+  /// socket or the region does not fit the quota. false: always stream. Ignored for other
+  /// addresses.
+  bool use_regions = true;
+};
+
+class Client;
+
+/// A shared-memory region registered with the server by this process (docs/api.md,
+/// "Registering a region"): a memfd sealed against shrinking, mapped here and in the server,
+/// through which Client::UploadFromRegion, OverwriteFromRegion and DownloadIntoRegion move a
+/// tensor's bytes with no copy in this process. Needs a client connected to "unix:PATH".
+///
+/// Not thread-safe: one thread at a time may fill or read the bytes, and never while a call
+/// that reads or writes them is in progress. The Client it was registered with must outlive it.
+class SharedRegion {
+ public:
+  /// Creates a memfd of `size_bytes`, maps it, and registers it as `client`'s tenant
+  /// (BeginRegion, the descriptor sent to "PATH.regions", FinishRegion). Errors:
+  /// FAILED_PRECONDITION (the client's address is not unix:PATH, or the server has no
+  /// descriptor socket), RESOURCE_EXHAUSTED (Quota.max_region_bytes, the region count),
+  /// INVALID_ARGUMENT (size 0 or above 1 TiB), INTERNAL (a system call failed here), and every
+  /// other refusal of the server with its code.
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> Register(Client& client,
+                                                                uint64_t size_bytes);
+  /// Unregisters the region (UnregisterRegion, errors ignored) and unmaps it.
+  ~SharedRegion();
+  SharedRegion(const SharedRegion&) = delete;
+  SharedRegion& operator=(const SharedRegion&) = delete;
+
+  /// The region's bytes, `size()` of them, shared with the server.
+  char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  /// The server's handle ("rg_..."), for requests this class does not wrap.
+  const std::string& handle() const { return handle_; }
+
+ private:
+  SharedRegion(Client* client, char* data, uint64_t size);
+
+  Client* const client_;
+  char* const data_;
+  const uint64_t size_;
+  std::string handle_;  // "" until registered
 };
 
 /// A typed client for the Tessera API. Every method returns the server's status as an
@@ -64,22 +112,25 @@ class Client {
   absl::StatusOr<v1::TerminateTenantWorkResponse> TerminateTenantWork(absl::string_view tenant_id);
 
   // ---- Compute (tenant API key) ----
-  /// Called during transfers with (bytes done, bytes total).
+  /// Called during transfers with (bytes done, bytes total); once, at the end, for a transfer
+  /// through a region.
   using Progress = std::function<void(uint64_t, uint64_t)>;
 
   /// A tensor from inline bytes (empty: zero-filled); for data larger than one message use
   /// Upload.
   absl::StatusOr<v1::TensorInfo> CreateTensor(const v1::TensorSpec& spec,
                                               absl::string_view data = "");
-  /// Streams `data` into a new tensor in chunks of `chunk_bytes`.
+  /// Streams `data` into a new tensor in chunks of `chunk_bytes` (through a region instead
+  /// with ClientOptions::use_regions: one copy into it, no chunks).
   absl::StatusOr<v1::TensorInfo> Upload(const v1::TensorSpec& spec, absl::string_view data,
                                         size_t chunk_bytes = 1 << 20,
                                         const Progress& progress = nullptr);
-  /// Streams `data` over an existing tensor (its exact size).
+  /// Streams `data` over an existing tensor (its exact size); through a region as Upload.
   absl::StatusOr<v1::TensorInfo> Overwrite(absl::string_view handle, absl::string_view data,
                                            size_t chunk_bytes = 1 << 20,
                                            const Progress& progress = nullptr);
-  /// Reads a tensor's bytes (or `length` bytes from `offset`; 0: to the end).
+  /// Reads a tensor's bytes (or `length` bytes from `offset`; 0: to the end); through a
+  /// region (one copy out of it) with ClientOptions::use_regions.
   absl::StatusOr<std::string> Download(absl::string_view handle, uint64_t offset = 0,
                                        uint64_t length = 0, uint32_t chunk_bytes = 0,
                                        const Progress& progress = nullptr);
@@ -106,21 +157,92 @@ class Client {
   absl::Status DeleteKernel(absl::string_view name);
   absl::StatusOr<v1::Usage> GetUsage();
 
+  // ---- Shared-memory regions (a server on this node at unix:PATH; docs/api.md) ----
+  // SharedRegion::Register does the whole registration; these are the RPCs underneath.
+  absl::StatusOr<v1::RegionTicket> BeginRegion(uint64_t size_bytes);
+  absl::StatusOr<v1::Region> FinishRegion(absl::string_view ticket);
+  /// The tenant's regions, ordered by handle (also those of other clients of the tenant).
+  absl::StatusOr<v1::ListRegionsResponse> ListRegions();
+  /// Returns the bytes released. FAILED_PRECONDITION while a transfer uses the region.
+  absl::StatusOr<uint64_t> UnregisterRegion(absl::string_view handle);
+  absl::StatusOr<v1::TensorInfo> WriteTensorFromRegion(
+      const v1::WriteTensorFromRegionRequest& request);
+  absl::StatusOr<v1::ReadTensorIntoRegionResponse> ReadTensorIntoRegion(
+      const v1::ReadTensorIntoRegionRequest& request);
+
+  /// With no copy in this process: a new tensor from `region`'s bytes at `offset` (the
+  /// caller filled them), or an existing tensor replaced whole from them.
+  absl::StatusOr<v1::TensorInfo> UploadFromRegion(const v1::TensorSpec& spec,
+                                                  const SharedRegion& region, uint64_t offset = 0);
+  absl::StatusOr<v1::TensorInfo> OverwriteFromRegion(absl::string_view handle,
+                                                     const SharedRegion& region,
+                                                     uint64_t offset = 0);
+  /// A tensor's bytes (or `length` from `offset`; 0: to the end) into `region` at
+  /// `region_offset`; the response says how many. Read them once this returned.
+  absl::StatusOr<v1::ReadTensorIntoRegionResponse> DownloadIntoRegion(absl::string_view handle,
+                                                                      const SharedRegion& region,
+                                                                      uint64_t region_offset = 0,
+                                                                      uint64_t offset = 0,
+                                                                      uint64_t length = 0);
+
+  /// Exclusive use of one of the regions this client keeps for its transfers (the ones
+  /// Upload, Overwrite and Download use), until the lease is destroyed, which gives it back.
+  /// Movable; must not outlive the Client.
+  class RegionLease {
+   public:
+    RegionLease(RegionLease&& other) noexcept;
+    RegionLease& operator=(RegionLease&&) = delete;
+    ~RegionLease();
+    const SharedRegion& region() const { return *region_; }
+    char* data() const { return region_->data(); }
+    uint64_t size() const { return region_->size(); }
+
+   private:
+    friend class Client;
+    RegionLease(Client* client, std::unique_ptr<SharedRegion> region);
+    Client* client_;
+    std::unique_ptr<SharedRegion> region_;
+  };
+  /// A kept region of at least `size_bytes`, registering (or replacing with a bigger one) as
+  /// needed, for callers that fill or read the bytes themselves (UploadFromRegion,
+  /// DownloadIntoRegion) instead of handing this client a buffer. Thread-safe: concurrent
+  /// leases get different regions. nullopt when this client moves no bytes through regions
+  /// (use_regions is false, the address is not unix:PATH, the server has no descriptor
+  /// socket, or the region does not fit the tenant's quota): stream instead. Errors are the
+  /// server's other refusals (UNAUTHENTICATED, ...).
+  absl::StatusOr<std::optional<RegionLease>> LeaseTransferRegion(uint64_t size_bytes);
+
   /// The channel, for stubs this class does not wrap (e.g. grpc.health.v1).
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   /// A context with this client's deadline and credentials, for calls on other stubs.
   std::unique_ptr<grpc::ClientContext> NewContext() const;
+  /// PATH when the address is "unix:PATH" (or "unix://PATH"), else "".
+  const std::string& unix_socket_path() const { return unix_socket_path_; }
+
+  /// Unregisters the regions this client keeps (no RegionLease may be outstanding).
+  ~Client();
 
  private:
+  friend class SharedRegion;  // its registration uses the options (address, deadline)
+  class RegionPool;
+
   Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+
+  absl::StatusOr<v1::TensorInfo> Write(const v1::WriteHeader& header, absl::string_view data,
+                                       size_t chunk_bytes, const Progress& progress);
+  // The region paths of Write and Download; nullopt when they stream instead.
+  std::optional<absl::StatusOr<v1::TensorInfo>> WriteThroughRegion(const v1::WriteHeader& header,
+                                                                   absl::string_view data);
+  std::optional<absl::StatusOr<std::string>> ReadThroughRegion(absl::string_view handle,
+                                                               uint64_t offset, uint64_t length);
+  void ReturnRegion(std::unique_ptr<SharedRegion> region);
 
   const ClientOptions options_;
   const std::shared_ptr<grpc::Channel> channel_;
-  absl::StatusOr<v1::TensorInfo> Write(const v1::WriteHeader& header, absl::string_view data,
-                                       size_t chunk_bytes, const Progress& progress);
-
+  const std::string unix_socket_path_;
   const std::unique_ptr<v1::TenantAdmin::Stub> admin_;
   const std::unique_ptr<v1::Compute::Stub> compute_;
+  const std::unique_ptr<RegionPool> regions_;
 };
 
 /// grpc::Status to absl::Status (same code and message).

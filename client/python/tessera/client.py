@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 import numpy as np
 from google.protobuf import duration_pb2, field_mask_pb2
 
-from . import errors
+from . import _buffers, _regions, errors
 from ._proto import compute_pb2 as pb
 from ._proto import compute_pb2_grpc
 from ._proto import tenant_admin_pb2 as apb
@@ -21,7 +22,13 @@ MAX_MESSAGE_BYTES = 64 << 20
 DEFAULT_CHUNK_BYTES = 4 << 20
 # The largest inline CreateTensor the server accepts (larger: WriteTensor).
 CREATE_TENSOR_MAX_BYTES = 16 << 20
-READ_CHUNK_BYTES = 4 << 20
+#: ReadTensor's chunk_bytes. grpcio (1.51) copies each message it receives three times
+#: (slices into a growing bytearray, then into bytes) before _read copies it into the array;
+#: at 1 MiB those intermediate copies stay in the CPU's cache, at 4 MiB they go to memory:
+#: a 256 MiB download takes about a fifth less CPU time (docs/python.md, "Bulk transfers").
+READ_CHUNK_BYTES = 1 << 20
+#: How long close() (or the finalizer of a client never closed) waits to unregister regions.
+REGION_CLOSE_TIMEOUT_S = 10.0
 
 
 def _varint(raw: bytes, pos: int) -> Tuple[int, int]:
@@ -161,6 +168,14 @@ def _raise(error: grpc.RpcError) -> None:
     raise errors.from_rpc_error(error) from None
 
 
+def _unary(method: Callable, request: Any, metadata: Tuple[Tuple[str, str], ...],
+           timeout: Optional[float]) -> Any:
+    try:
+        return method(request, metadata=metadata, timeout=timeout)
+    except grpc.RpcError as e:
+        _raise(e)
+
+
 def _duration(seconds: float) -> duration_pb2.Duration:
     d = duration_pb2.Duration()
     d.FromNanoseconds(int(seconds * 1e9))
@@ -220,11 +235,8 @@ class _Base:
                                  certificate_chain, max_message_bytes + (1 << 20))
 
     def _call(self, method: Callable, request: Any, timeout: Optional[float] = None) -> Any:
-        try:
-            return method(request, metadata=self._metadata,
-                          timeout=timeout if timeout is not None else self.timeout)
-        except grpc.RpcError as e:
-            _raise(e)
+        return _unary(method, request, self._metadata,
+                      timeout if timeout is not None else self.timeout)
 
     def close(self) -> None:
         """Closes the channel."""
@@ -268,10 +280,15 @@ class Tensor:
     def size_bytes(self) -> int:
         return self.info.size_bytes
 
-    def numpy(self, progress: Optional[Progress] = None) -> np.ndarray:
-        """Downloads the tensor (ReadTensor, chunked) as a numpy array. bf16 comes back as
-        uint16 holding the bf16 bits (``.view(ml_dtypes.bfloat16)`` if you have it)."""
-        return self._client._read(self.handle, progress)
+    def numpy(self, progress: Optional[Progress] = None, copy: bool = True) -> np.ndarray:
+        """Downloads the tensor as a numpy array: through the client's region over a Unix
+        socket (ReadTensorIntoRegion), else ReadTensor in chunks. bf16 comes back as uint16
+        holding the bf16 bits (``.view(ml_dtypes.bfloat16)`` if you have it).
+
+        ``copy=False`` returns, when the bytes came through a region, a read-only view of the
+        region itself (no copy): it holds this download only until the next put or get
+        through this client (see ``Client.get``). Otherwise the array is the caller's."""
+        return self._client._read(self.handle, progress, self.size_bytes, copy)
 
     def refresh(self) -> "Tensor":
         """Re-reads the tensor's description (GetTensor)."""
@@ -473,6 +490,12 @@ class Client(_Base):
     ``private_key``/``certificate_chain`` for mutual TLS). ``timeout`` is the default
     deadline of each call in seconds (None: none).
 
+    With a ``unix:PATH`` address (a server started with ``--unix_socket=PATH`` on this node),
+    tensors move through a shared-memory region the client registers with the server on its
+    first transfer and unregisters on ``close()``. ``regions=False`` (or the environment
+    variable ``TESSERA_REGIONS=0`` when ``regions`` is None) moves them through the gRPC
+    streams instead, as over TCP. See docs/python.md, "The Unix socket and regions".
+
     >>> with tessera.Client("127.0.0.1:50051", token=key) as client:
     ...     t = client.put(np.zeros((4, 4), np.float16))
     """
@@ -481,10 +504,12 @@ class Client(_Base):
                  tls: bool = False, root_certificates: Optional[bytes] = None,
                  private_key: Optional[bytes] = None,
                  certificate_chain: Optional[bytes] = None, timeout: Optional[float] = None,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 regions: Optional[bool] = None) -> None:
         super().__init__(addr, token, tls, root_certificates, private_key, certificate_chain,
                          timeout, max_message_bytes)
         self._stub = compute_pb2_grpc.ComputeStub(self._channel)
+        self._regions = self._start_regions(regions)
         # ReadTensor with the response bytes as they arrive: _read finds each chunk's data in
         # them and copies it once, into the array (protobuf's parse would copy it twice more).
         self._read_raw = self._channel.unary_stream(
@@ -499,16 +524,50 @@ class Client(_Base):
             response_deserializer=pb.TensorInfo.FromString)
         self._kernel_cache: Dict[str, Kernel] = {}
 
+    def _start_regions(self, wanted: Optional[bool]) -> Optional[_regions.Regions]:
+        path = _regions.unix_socket_path(self.addr)
+        if wanted is None:
+            wanted = os.environ.get(_regions.ENV_REGIONS, "1") != "0"
+        if path is None or not wanted:
+            return None
+        metadata, default_timeout = self._metadata, self.timeout
+
+        # Neither this function nor the Regions refer to the client, so the finalizer below
+        # can unregister the region of a client that was never closed.
+        def call(method: Callable, request: Any, timeout: Optional[float] = None) -> Any:
+            return _unary(method, request, metadata,
+                          timeout if timeout is not None else default_timeout)
+
+        regions = _regions.Regions(call, self._stub, path)
+        self._close_regions = weakref.finalize(self, regions.close, REGION_CLOSE_TIMEOUT_S)
+        return regions
+
+    @property
+    def uses_regions(self) -> bool:
+        """True while transfers go through a shared-memory region: a ``unix:`` address,
+        regions not turned off, and not refused by the server so far."""
+        return self._regions is not None and self._regions.enabled
+
+    def close(self) -> None:
+        """Unregisters the client's region (if any), then closes the channel."""
+        if self._regions is not None:
+            self._close_regions()
+        super().close()
+
     # ---- tensors ----------------------------------------------------------------------
     def put(self, array: Any, dtype: Optional[str] = None,
             chunk_bytes: int = DEFAULT_CHUNK_BYTES,
             progress: Optional[Progress] = None) -> Tensor:
         """Uploads a numpy array as a new tensor.
 
-        Arrays up to ``chunk_bytes`` (at most 16 MiB) go in one CreateTensor; larger ones stream through
-        WriteTensor in ``chunk_bytes`` chunks, calling ``progress(done, total)`` after each.
-        ``dtype`` overrides the dtype inferred from the array: ``"bf16"`` takes a uint16 (or
-        ml_dtypes bfloat16) array holding the bf16 bit patterns.
+        Over a ``unix:`` address with regions (the default there), the array is copied into
+        the client's shared-memory region, converted on the way if it is not contiguous or
+        not little-endian, and the server copies it from there (WriteTensorFromRegion);
+        ``progress(total, total)`` is called once. Otherwise arrays up to ``chunk_bytes`` (at
+        most 16 MiB) go in one CreateTensor, and larger ones stream through WriteTensor in
+        ``chunk_bytes`` chunks, calling ``progress(done, total)`` after each. ``dtype``
+        overrides the dtype inferred from the array: ``"bf16"`` takes a uint16 (or ml_dtypes
+        bfloat16) array holding the bf16 bit patterns.
 
         >>> t = client.put(np.ones((1024, 1024), np.float32))
         >>> h = client.put(bits.view(np.uint16), dtype="bf16")
@@ -518,12 +577,20 @@ class Client(_Base):
         enum, wire = _DTYPES[name]
         if name == "bf16":
             array = array.view(np.uint16)
-        array = np.ascontiguousarray(array, dtype=wire)
-        spec = pb.TensorSpec(dtype=enum, shape=array.shape)
-        data = memoryview(array.reshape(-1).view(np.uint8))
-        total = len(data)
         if chunk_bytes <= 0:
             raise errors.InvalidArgument("chunk_bytes must be > 0")
+        spec = pb.TensorSpec(dtype=enum, shape=array.shape)
+        if self._regions is not None:
+            source = array
+            done = self._regions.run(source.size * wire.itemsize,
+                                     lambda region: self._put_region(region, spec, source, wire))
+            if done is not None:
+                if progress:
+                    progress(done[0].size_bytes, done[0].size_bytes)
+                return Tensor(self, done[0])
+        array = np.ascontiguousarray(array, dtype=wire)
+        data = memoryview(array.reshape(-1).view(np.uint8))
+        total = len(data)
         # CreateTensor carries at most 16 MiB inline (the server's limit); more streams.
         if total <= min(chunk_bytes, CREATE_TENSOR_MAX_BYTES):
             info = self._call(self._stub.CreateTensor,
@@ -542,6 +609,31 @@ class Client(_Base):
 
         return Tensor(self, self._call(self._write_raw, requests()))
 
+    def _put_region(self, region: _regions.Region, spec: pb.TensorSpec, array: np.ndarray,
+                    wire: np.dtype) -> pb.TensorInfo:
+        nbytes = array.size * wire.itemsize
+        # The one copy on this side, which also converts strides, byte order and dtype.
+        np.copyto(region.array(nbytes).view(wire).reshape(array.shape), array, casting="unsafe")
+        return self._call(self._stub.WriteTensorFromRegion, pb.WriteTensorFromRegionRequest(
+            create=spec, region=region.handle, offset=0, length=nbytes))
+
+    def get(self, tensor: Union[Tensor, str], copy: bool = True,
+            progress: Optional[Progress] = None) -> np.ndarray:
+        """Downloads a tensor (a Tensor or a handle) as a numpy array; ``tensor.numpy()``.
+
+        ``copy=False``, when the bytes come through the client's region (a ``unix:``
+        address), returns a read-only array that views the region itself: no copy, and valid
+        only until the next ``put`` or ``get`` through this client (from any thread), which
+        may overwrite it; take ``.copy()`` to keep it longer. Its memory stays mapped as long
+        as the array lives, even after ``close()``. Over TCP (or with regions off) the array
+        is the caller's either way.
+
+        >>> x = client.get(t, copy=False)      # a view; read it before the next transfer
+        """
+        if isinstance(tensor, Tensor):
+            return tensor.numpy(progress, copy)
+        return self._read(self._handle(tensor), progress, None, copy)
+
     def tensor(self, handle: str) -> Tensor:
         """The tensor with this handle (GetTensor; NotFound if it is not this tenant's)."""
         return Tensor(self, self._call(self._stub.GetTensor, pb.GetTensorRequest(handle=handle)))
@@ -558,7 +650,35 @@ class Client(_Base):
             if not token:
                 return out
 
-    def _read(self, handle: str, progress: Optional[Progress]) -> np.ndarray:
+    def _read(self, handle: str, progress: Optional[Progress], size: Optional[int] = None,
+              copy: bool = True) -> np.ndarray:
+        if self._regions is not None and self._regions.enabled:
+            if size is None:  # the region must hold the tensor: ask its size
+                size = self.tensor(handle).size_bytes
+            got = self._regions.run(
+                size, lambda region: self._read_region(region, handle, copy))
+            if got is not None:
+                if progress:
+                    progress(size, size)
+                return got[0]
+        return self._read_stream(handle, progress)
+
+    def _read_region(self, region: _regions.Region, handle: str, copy: bool) -> np.ndarray:
+        r = self._call(self._stub.ReadTensorIntoRegion,
+                       pb.ReadTensorIntoRegionRequest(handle=handle, region=region.handle))
+        if r.bytes != r.info.size_bytes:
+            raise errors.DataLoss(f"ReadTensorIntoRegion copied {r.bytes} of "
+                                  f"{r.info.size_bytes} bytes")
+        data = region.array(r.bytes)
+        if copy:
+            out = _buffers.empty(r.bytes)
+            np.copyto(out, data)  # the one copy on this side
+            data = out
+        else:
+            data.flags.writeable = False
+        return data.view(_BY_ENUM[r.info.dtype][1]).reshape(tuple(r.info.shape))
+
+    def _read_stream(self, handle: str, progress: Optional[Progress]) -> np.ndarray:
         chunk = max(4096, min(READ_CHUNK_BYTES, self.max_message_bytes // 2))
         request = pb.ReadTensorRequest(handle=handle, chunk_bytes=chunk)
         buf: Optional[np.ndarray] = None
@@ -571,7 +691,7 @@ class Client(_Base):
                     if first is None:
                         raise errors.DataLoss("ReadTensor's first message has no TensorInfo")
                     info = first
-                    buf = np.empty(info.size_bytes, np.uint8)
+                    buf = _buffers.empty(info.size_bytes)
                 assert buf is not None
                 if offset != done:
                     raise errors.DataLoss("ReadTensor returned chunks out of order")
@@ -694,7 +814,8 @@ class Admin(_Base):
                  labels: Optional[Mapping[str, str]] = None, compute_share_percent: int = 0,
                  max_streams: int = 0, max_queued_jobs: int = 0,
                  device_index: Optional[int] = None, max_requests_in_flight: int = 0,
-                 requests_per_second: int = 0) -> Tuple[apb.Tenant, str]:
+                 requests_per_second: int = 0,
+                 max_region_bytes: int = 0) -> Tuple[apb.Tenant, str]:
         """Registers a tenant; returns (tenant, api_key). The key is shown only once. Quota
         fields left 0 take the server's defaults."""
         request = apb.RegisterTenantRequest(
@@ -703,7 +824,8 @@ class Admin(_Base):
                             compute_share_percent=compute_share_percent,
                             max_streams=max_streams, max_queued_jobs=max_queued_jobs,
                             max_requests_in_flight=max_requests_in_flight,
-                            requests_per_second=requests_per_second))
+                            requests_per_second=requests_per_second,
+                            max_region_bytes=max_region_bytes))
         if device_index is not None:
             request.device_index = device_index
         r = self._call(self._stub.RegisterTenant, request)

@@ -25,10 +25,13 @@ FAKE_CUDA_DIR = os.environ.get("TESSERA_FAKE_CUDA_DIR", "")
 
 
 class Server:
-    """A tessera-server on 127.0.0.1 (a free port) with a temporary state directory."""
+    """A tessera-server on 127.0.0.1 (a free port) with a temporary state directory; with
+    ``unix_socket``, also on ``<state_dir>/t.sock`` (``unix_path``, ``unix_addr``; under /tmp
+    when that path would be too long for a socket), whose descriptor socket
+    ``unix_path + ".regions"`` takes shared-memory regions."""
 
     def __init__(self, backend: str = "cpu", args: Optional[List[str]] = None,
-                 env: Optional[Dict[str, str]] = None) -> None:
+                 env: Optional[Dict[str, str]] = None, unix_socket: bool = False) -> None:
         if not os.access(SERVER, os.X_OK):
             raise RuntimeError(f"tessera-server not found at {SERVER} "
                                "(set TESSERA_SERVER_BINARY)")
@@ -36,6 +39,15 @@ class Server:
         self.log_path = os.path.join(self.state_dir, "server.log")
         self._log = open(self.log_path, "w+")
         argv = [SERVER, "--listen=127.0.0.1:0", f"--state_dir={self.state_dir}"]
+        self.unix_path = self.unix_addr = ""
+        self._socket_dir = ""
+        if unix_socket:
+            self.unix_path = os.path.join(self.state_dir, "t.sock")
+            if len(self.unix_path) + len(".regions") >= 108:  # sockaddr_un.sun_path
+                self._socket_dir = tempfile.mkdtemp(prefix="tpy-", dir="/tmp")
+                self.unix_path = os.path.join(self._socket_dir, "t.sock")
+            self.unix_addr = "unix:" + self.unix_path
+            argv.append(f"--unix_socket={self.unix_path}")
         server_env = dict(os.environ)
         if backend == "cuda":
             argv += ["--backend=cuda", "--mps=off"]
@@ -73,11 +85,13 @@ class Server:
                 self.proc.wait()
         self._log.close()
         shutil.rmtree(self.state_dir, ignore_errors=True)
+        if self._socket_dir:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    s = Server()
+    s = Server(unix_socket=True)
     yield s
     s.stop()
 
@@ -102,16 +116,30 @@ def tenant(admin: tessera.Admin) -> Iterator[Tuple[str, str]]:
     admin.deregister(tenant_id)
 
 
+#: The ways a Client moves tensors: TCP, and the Unix socket with and without a region.
+TRANSPORTS = ["tcp", "unix-region", "unix-stream"]
+
+
+def connect(server: Server, key: str, transport: str = "tcp") -> tessera.Client:
+    if transport == "tcp":
+        return tessera.Client(server.addr, token=key)
+    return tessera.Client(server.unix_addr, token=key, regions=transport == "unix-region")
+
+
 @pytest.fixture
-def client(server: Server, tenant: Tuple[str, str]) -> Iterator[tessera.Client]:
-    with tessera.Client(server.addr, token=tenant[1]) as c:
+def client(request: pytest.FixtureRequest, server: Server,
+           tenant: Tuple[str, str]) -> Iterator[tessera.Client]:
+    """The tenant's Client over TCP, or over the transport a test parametrizes it with
+    (``@pytest.mark.parametrize("client", TRANSPORTS, indirect=True)``)."""
+    with connect(server, tenant[1], getattr(request, "param", "tcp")) as c:
         yield c
 
 
 @pytest.fixture
-def big_client(server: Server, admin: tessera.Admin) -> Iterator[tessera.Client]:
-    """A tenant with 1 GiB, for the 256 MiB round trip."""
+def big_client(request: pytest.FixtureRequest, server: Server,
+               admin: tessera.Admin) -> Iterator[tessera.Client]:
+    """A tenant with 1 GiB, for the 256 MiB round trip (TCP, or as parametrized)."""
     tenant_id, key = _tenant(admin, 1 << 30)
-    with tessera.Client(server.addr, token=key) as c:
+    with connect(server, key, getattr(request, "param", "tcp")) as c:
         yield c
     admin.deregister(tenant_id)

@@ -9,10 +9,15 @@ import pytest
 
 import tessera
 from tessera._proto import compute_pb2
+from conftest import TRANSPORTS
+
+# The tests of moving tensors run over TCP and the Unix socket, with and without a region.
+every_transport = pytest.mark.parametrize("client", TRANSPORTS, indirect=True)
 
 DTYPES = [np.float32, np.float16, np.float64, np.int32, np.int64, np.uint8, np.bool_]
 
 
+@every_transport
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_put_numpy_round_trip(client: tessera.Client, dtype: type) -> None:
     a = (np.arange(24).reshape(2, 3, 4) % 7).astype(dtype)
@@ -23,6 +28,7 @@ def test_put_numpy_round_trip(client: tessera.Client, dtype: type) -> None:
     np.testing.assert_array_equal(a, b)
 
 
+@every_transport
 def test_f16_values(client: tessera.Client) -> None:
     a = np.array([0.5, -2.25, 65504.0, 1e-4, np.inf], np.float16)
     t = client.put(a)
@@ -30,6 +36,7 @@ def test_f16_values(client: tessera.Client) -> None:
     np.testing.assert_array_equal(t.numpy(), a)
 
 
+@every_transport
 def test_bf16_round_trip_and_compute(client: tessera.Client) -> None:
     f = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
     bits = (f.view(np.uint32) >> 16).astype(np.uint16)  # exact: these values fit in bf16
@@ -44,11 +51,14 @@ def test_bf16_round_trip_and_compute(client: tessera.Client) -> None:
         client.put(f, dtype="bf16")
 
 
+@every_transport
 def test_scalar_and_empty(client: tessera.Client) -> None:
-    assert client.put(np.float32(3.5)).numpy() == np.float32(3.5)
+    scalar = client.put(np.float32(3.5))  # a 0-d array stays one: shape []
+    assert scalar.shape == () and scalar.numpy().shape == () and scalar.numpy() == 3.5
     assert client.put(np.zeros((0, 4), np.float32)).numpy().shape == (0, 4)
 
 
+@every_transport
 def test_non_contiguous_and_big_endian(client: tessera.Client) -> None:
     a = np.arange(12, dtype=np.float32).reshape(3, 4).T
     np.testing.assert_array_equal(client.put(a).numpy(), a)
@@ -56,6 +66,7 @@ def test_non_contiguous_and_big_endian(client: tessera.Client) -> None:
     np.testing.assert_array_equal(client.put(b).numpy(), b)
 
 
+@every_transport
 def test_unsupported_dtype(client: tessera.Client) -> None:
     with pytest.raises(tessera.InvalidArgument):
         client.put(np.zeros(3, np.complex64))
@@ -71,7 +82,8 @@ def test_chunked_upload_with_progress(client: tessera.Client) -> None:
     assert down[-1] == (a.nbytes, a.nbytes)
 
 
-def test_256mib_streamed_round_trip(big_client: tessera.Client) -> None:
+@pytest.mark.parametrize("big_client", TRANSPORTS, indirect=True)
+def test_256mib_round_trip(big_client: tessera.Client) -> None:
     a = np.arange(64 << 20, dtype=np.float32)  # 256 MiB
     start = time.monotonic()
     t = big_client.put(a)
@@ -83,6 +95,7 @@ def test_256mib_streamed_round_trip(big_client: tessera.Client) -> None:
     assert t.delete() == 256 << 20
 
 
+@every_transport
 def test_tensor_lookup_list_delete(client: tessera.Client) -> None:
     t = client.put(np.ones((2, 2), np.float32))
     same = client.tensor(t.handle)

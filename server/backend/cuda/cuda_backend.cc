@@ -1,13 +1,18 @@
 #include "server/backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <set>
+#include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include <stdlib.h>
@@ -81,8 +86,9 @@ class CudaContext final : public TenantContext {
     finished.clear();
   }
 
-  /// What image callbacks (on KernelImages' threads) reach a context through: null once the
-  /// context is going. Taken before the context's mu_, never while delivering jobs.
+  /// What image callbacks (on KernelImages' threads) and host registrations reach a context
+  /// through: null once the context is going. Taken before the context's copy_mu_ and mu_,
+  /// never while delivering jobs.
   struct Handle {
     absl::Mutex mu;
     CudaContext* context ABSL_GUARDED_BY(mu) = nullptr;
@@ -115,6 +121,7 @@ class CudaContext final : public TenantContext {
       absl::MutexLock lock(&handle_->mu);  // waits for a callback inside this context
       handle_->context = nullptr;
     }
+    ReleaseHostRanges();
     backend_->Unregister(this);
     std::vector<Finished> finished;
     {
@@ -181,32 +188,109 @@ class CudaContext final : public TenantContext {
     return std::shared_ptr<DeviceBuffer>(std::move(buffer));
   }
 
+  // One DMA from `src` when it lies in a registered range (RegisterHost), else staged.
   absl::Status CopyIn(DeviceBuffer& dst, uint64_t offset, const void* src,
                       uint64_t bytes) override {
     auto& buffer = static_cast<CudaBuffer&>(dst);
-    return Woken(Stage(
-        buffer,
+    return Woken(Transfer(
+        buffer, src, bytes,
+        [&](Incarnation& inc) {
+          return driver_.cuMemcpyHtoDAsync(buffer.ptr() + offset, src, bytes, inc.copy.get());
+        },
         [&](Incarnation& inc, int slot, uint64_t done, uint64_t n) {
           std::memcpy(inc.staging[slot].get(), static_cast<const char*>(src) + done, n);
           return driver_.cuMemcpyHtoDAsync(buffer.ptr() + offset + done, inc.staging[slot].get(), n,
                                            inc.copy.get());
         },
-        nullptr, bytes));
+        nullptr));
   }
 
+  // Gathers the pieces into the pinned staging buffers: one staged copy, as for CopyIn.
+  absl::Status CopyInPieces(DeviceBuffer& dst, uint64_t offset,
+                            absl::Span<const absl::string_view> pieces) override {
+    auto& buffer = static_cast<CudaBuffer&>(dst);
+    uint64_t bytes = 0;
+    for (absl::string_view piece : pieces) bytes += piece.size();
+    size_t index = 0, position = 0;  // where the next staged byte comes from
+    return Woken(Transfer(
+        buffer, /*host=*/nullptr, bytes, /*direct=*/nullptr,
+        [&](Incarnation& inc, int slot, uint64_t done, uint64_t n) {
+          char* staged = static_cast<char*>(inc.staging[slot].get());
+          for (uint64_t filled = 0; filled < n;) {
+            const uint64_t take = std::min<uint64_t>(n - filled, pieces[index].size() - position);
+            std::memcpy(staged + filled, pieces[index].data() + position, take);
+            filled += take;
+            position += take;
+            if (position == pieces[index].size()) {
+              ++index;
+              position = 0;
+            }
+          }
+          return driver_.cuMemcpyHtoDAsync(buffer.ptr() + offset + done, staged, n, inc.copy.get());
+        },
+        nullptr));
+  }
+
+  // One DMA into `dst` when it lies in a registered range (RegisterHost), else staged.
   absl::Status CopyOut(const DeviceBuffer& src, uint64_t offset, void* dst,
                        uint64_t bytes) override {
     const auto& buffer = static_cast<const CudaBuffer&>(src);
-    return Woken(Stage(
-        buffer,
+    return Woken(Transfer(
+        buffer, dst, bytes,
+        [&](Incarnation& inc) {
+          return driver_.cuMemcpyDtoHAsync(dst, buffer.ptr() + offset, bytes, inc.copy.get());
+        },
         [&](Incarnation& inc, int slot, uint64_t done, uint64_t n) {
           return driver_.cuMemcpyDtoHAsync(inc.staging[slot].get(), buffer.ptr() + offset + done, n,
                                            inc.copy.get());
         },
         [&](Incarnation& inc, int slot, uint64_t done, uint64_t n) {
           std::memcpy(static_cast<char*>(dst) + done, inc.staging[slot].get(), n);
-        },
-        bytes));
+        }));
+  }
+
+  // Pins the range in the current incarnation (see HostRange). The pages are pinned for this
+  // context only (no CU_MEMHOSTREGISTER_PORTABLE): a region is one tenant's.
+  absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHost(void* base,
+                                                                 uint64_t bytes) override {
+    const std::string what =
+        absl::StrCat("registering ", bytes, " bytes of host memory with tenant ",
+                     request_.tenant_id, "'s GPU context (cuMemHostRegister)");
+    const auto start = reinterpret_cast<uintptr_t>(base);
+    if (base == nullptr || bytes == 0 || bytes > UINTPTR_MAX - start) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": not a host memory range"));
+    }
+    absl::StatusOr<std::shared_ptr<Incarnation>> inc = Current();
+    if (!inc.ok()) return inc.status();
+    CUresult r = CUDA_SUCCESS;
+    {
+      absl::MutexLock copy(&copy_mu_);
+      if (OverlapsLocked(start, bytes)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": the range overlaps one registered before"));
+      }
+      absl::ReaderMutexLock use(&(*inc)->use_mu);
+      if ((*inc)->context == nullptr) return Lost();
+      r = PinLocked(**inc, start, bytes);
+      if (r == CUDA_SUCCESS) host_ranges_.emplace(start, HostRange{bytes, *inc, true});
+    }
+    if (r == CUDA_SUCCESS) return std::make_unique<Registration>(handle_, start);
+    if (r == CUDA_ERROR_NOT_SUPPORTED) {
+      // The platform cannot pin this memory (cuda.h: e.g. flags the device lacks): the range
+      // still works, through the staging buffers.
+      spdlog::info("tenant {}: {} is not supported here; copies from the range are staged",
+                   request_.tenant_id, what);
+      return nullptr;
+    }
+    if (ClassifyCudaError(r).sticky) return Woken(FailedUnlocked(r, what));
+    const absl::Status status = driver_.Check(r, what);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(status.message(),
+                       "; the host cannot pin that much more memory for the GPU: unregister a "
+                       "region or register a smaller one"));
+    }
+    return absl::UnavailableError(status.message());
   }
 
   absl::Status Woken(absl::Status status) {
@@ -466,11 +550,14 @@ class CudaContext final : public TenantContext {
     return current_;
   }
 
-  // Copies through the context's two pinned staging buffers (one filled while the other's
+  // Copies `bytes` between `buffer` and host memory at `host`: with one DMA (`direct`) when
+  // the host range lies in a registered range pinned in the current incarnation, else through
+  // the context's two pinned staging buffers (`issue`, `drain`: one filled while the other's
   // DMA runs). Serialized per context by copy_mu_; mu_ is taken only to look up the
   // incarnation and to record a fault, so jobs are enqueued and completed meanwhile.
-  template <typename Issue, typename Drain>
-  absl::Status Stage(const CudaBuffer& buffer, Issue issue, Drain drain, uint64_t bytes) {
+  template <typename Direct, typename Issue, typename Drain>
+  absl::Status Transfer(const CudaBuffer& buffer, const void* host, uint64_t bytes, Direct direct,
+                        Issue issue, Drain drain) {
     std::shared_ptr<Incarnation> current;
     {
       absl::MutexLock lock(&mu_);
@@ -488,9 +575,24 @@ class CudaContext final : public TenantContext {
       absl::MutexLock copy(&copy_mu_);
       absl::ReaderMutexLock use(&current->use_mu);
       if (current->context == nullptr) return Lost();
-      r = StageLocked(*current, issue, drain, bytes, what);
+      bool copied = false;
+      if constexpr (!std::is_same_v<Direct, std::nullptr_t>) {
+        if (PinnedLocked(current, host, bytes)) {
+          what = "copying tensor data from or to registered host memory";
+          r = DirectLocked(*current, direct);
+          copied = true;
+        }
+      }
+      if (!copied) r = StageLocked(*current, issue, drain, bytes, what);
     }
     return r == CUDA_SUCCESS ? absl::OkStatus() : FailedUnlocked(r, what);
+  }
+
+  template <typename Direct>
+  CUresult DirectLocked(Incarnation& inc, Direct& direct) ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_) {
+    ScopedContext scoped(driver_, inc.context);
+    CUresult r = direct(inc);
+    return r == CUDA_SUCCESS ? driver_.cuStreamSynchronize(inc.copy.get()) : r;
   }
 
   template <typename Issue, typename Drain>
@@ -535,6 +637,115 @@ class CudaContext final : public TenantContext {
       if (previous) drain(inc, slot ^ 1, previous->done, previous->n);
     }
     return CUDA_SUCCESS;
+  }
+
+  // ---- Registered host ranges (RegisterHost) ----------------------------------------------
+  //
+  // A range is pinned in the incarnation it was registered in. After a fault the new
+  // incarnation's first copy inside the range pins it there again (once: a refusal leaves the
+  // range staged in that incarnation) and copies directly. Pinning and unpinning happen under
+  // copy_mu_, with the incarnation's use_mu held shared, so a copy never sees half of either.
+
+  struct HostRange {
+    uint64_t bytes = 0;
+    // The incarnation last pinned in (or refused to pin it, `pinned` false).
+    std::shared_ptr<Incarnation> inc;
+    bool pinned = false;
+  };
+
+  /// What RegisterHost returns: unpins its range when destroyed, unless the context went
+  /// first (and unpinned it).
+  class Registration final : public HostRegistration {
+   public:
+    Registration(std::shared_ptr<Handle> handle, uintptr_t base)
+        : handle_(std::move(handle)), base_(base) {}
+    ~Registration() override {
+      absl::MutexLock lock(&handle_->mu);
+      if (handle_->context != nullptr) handle_->context->UnregisterHost(base_);
+    }
+
+   private:
+    const std::shared_ptr<Handle> handle_;
+    const uintptr_t base_;
+  };
+
+  bool OverlapsLocked(uintptr_t start, uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_) {
+    auto next = host_ranges_.lower_bound(start);
+    if (next != host_ranges_.end() && next->first - start < bytes) return true;
+    if (next == host_ranges_.begin()) return false;
+    auto before = std::prev(next);
+    return start - before->first < before->second.bytes;
+  }
+
+  // `inc` is in use (its use_mu held shared, its context alive).
+  CUresult PinLocked(Incarnation& inc, uintptr_t base, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_) {
+    ScopedContext scoped(driver_, inc.context);
+    return driver_.cuMemHostRegister(reinterpret_cast<void*>(base), bytes, 0);
+  }
+
+  void UnpinLocked(uintptr_t base, const HostRange& range) ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_) {
+    if (!range.pinned) return;
+    absl::ReaderMutexLock use(&range.inc->use_mu);
+    // A faulted incarnation's pins went with its context.
+    if (range.inc->context == nullptr || range.inc->lost.load()) return;
+    ScopedContext scoped(driver_, range.inc->context);
+    CUresult r = driver_.cuMemHostUnregister(reinterpret_cast<void*>(base));
+    if (r != CUDA_SUCCESS) {
+      spdlog::warn("tenant {}: {}", request_.tenant_id,
+                   driver_
+                       .Check(r, absl::StrCat("unregistering ", range.bytes,
+                                              " bytes of host memory (cuMemHostUnregister)"))
+                       .message());
+    }
+  }
+
+  /// Whether [host, host + bytes) lies inside one registered range pinned in `current` (its
+  /// use_mu held shared), pinning the range there first if it was pinned in an earlier
+  /// incarnation (current_ changes only when one is lost).
+  bool PinnedLocked(const std::shared_ptr<Incarnation>& current, const void* host, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_) {
+    const auto start = reinterpret_cast<uintptr_t>(host);
+    auto it = host_ranges_.upper_bound(start);
+    if (bytes == 0 || it == host_ranges_.begin()) return false;
+    --it;
+    HostRange& range = it->second;
+    const uint64_t offset = start - it->first;
+    if (offset >= range.bytes || bytes > range.bytes - offset) return false;
+    if (range.inc != current) {  // pinned in an incarnation lost since, with its pins
+      const CUresult r = PinLocked(*current, it->first, range.bytes);
+      range.inc = current;
+      range.pinned = r == CUDA_SUCCESS;
+      if (!range.pinned) {
+        spdlog::warn(
+            "tenant {}: pinning a registered {}-byte host range again in the rebuilt "
+            "GPU context failed ({}); copies from it are staged",
+            request_.tenant_id, range.bytes, driver_.ErrorName(r));
+      }
+    }
+    return range.pinned;
+  }
+
+  void UnregisterHost(uintptr_t base) ABSL_LOCKS_EXCLUDED(copy_mu_) {
+    absl::MutexLock copy(&copy_mu_);
+    auto it = host_ranges_.find(base);
+    if (it == host_ranges_.end()) return;
+    UnpinLocked(it->first, it->second);
+    host_ranges_.erase(it);
+  }
+
+  // Registrations outlive their context only when the caller breaks backend.h's contract;
+  // their ranges are unpinned here, so that nothing of the tenant's stays pinned.
+  void ReleaseHostRanges() ABSL_LOCKS_EXCLUDED(copy_mu_) {
+    absl::MutexLock copy(&copy_mu_);
+    if (host_ranges_.empty()) return;
+    spdlog::error(
+        "tenant {}: its GPU context was destroyed with {} host registration(s) still alive (they "
+        "must go first); unregistered them",
+        request_.tenant_id, host_ranges_.size());
+    for (const auto& [base, range] : host_ranges_) UnpinLocked(base, range);
+    host_ranges_.clear();
   }
 
   static absl::Status Lost() {
@@ -924,8 +1135,11 @@ class CudaContext final : public TenantContext {
   const std::shared_ptr<Handle> handle_;
 
   // Serializes the context's use of its copy stream and pinned staging (Allocate, CopyIn,
-  // CopyOut). Taken before mu_, never by the completion thread.
+  // CopyOut) and of its registered host ranges. Taken before mu_, never by the completion
+  // thread.
   absl::Mutex copy_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // By start address; disjoint.
+  std::map<uintptr_t, HostRange> host_ranges_ ABSL_GUARDED_BY(copy_mu_);
   mutable absl::Mutex mu_;
   std::shared_ptr<Incarnation> current_ ABSL_GUARDED_BY(mu_);
   std::vector<std::deque<Pending>> pending_ ABSL_GUARDED_BY(mu_);

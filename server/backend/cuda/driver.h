@@ -3,7 +3,9 @@
 
 // The CUDA driver API reached at run time: libcuda.so.1 is dlopen'ed and every entry point
 // is fetched with cuGetProcAddress for the CUDA 13 ABI (so cuCtxCreate is the variant that
-// takes CUctxCreateParams). Nothing links against libcuda.
+// takes CUctxCreateParams). Nothing links against libcuda. Entry points are asked for by
+// their base name ("cuMemHostRegister"): cuGetProcAddress returns the variant of that ABI
+// (cuMemHostRegister_v2), which is the type cuda.h's macros give the members.
 #include <functional>
 #include <memory>
 #include <string>
@@ -39,6 +41,8 @@ namespace tessera::cuda {
   X(cuMemcpyDtoDAsync)           \
   X(cuMemHostAlloc)              \
   X(cuMemFreeHost)               \
+  X(cuMemHostRegister)           \
+  X(cuMemHostUnregister)         \
   X(cuMemGetInfo)                \
   X(cuStreamCreateWithPriority)  \
   X(cuStreamDestroy)             \

@@ -21,9 +21,18 @@
 // nothing pushed. Each such misuse is printed to stderr and counted
 // (tessera_fake_cuda_misuses); tests assert the count stays zero.
 //
+// Host memory: cuMemHostRegister pins a range for the current context (tracked per context;
+// a range overlapping a registered or cuMemHostAlloc'd one is
+// CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED; cuMemHostUnregister takes the base pointer, in
+// the registering context). A host<->device copy whose host range starts inside registered or
+// pinned memory must lie wholly inside it, and a copy from a registered range must still find
+// it registered when it runs. Copies are counted by the host memory they use (direct from a
+// registered range, staging from cuMemHostAlloc'd memory, pageable:
+// tessera_fake_cuda_host_copies), so tests see which path a transfer took.
+//
 // Object accounting: every object the driver hands out with a destroy call of its own
-// (contexts plain and green, streams, events, device and pinned host allocations, libraries,
-// modules)
+// (contexts plain and green, streams, events, device and pinned host allocations, host
+// registrations, libraries, modules)
 // is counted from creation until it ends, and how it ended is recorded, so that tests fail on
 // leaks (tests/testing/fake_cuda/fake_cuda.h reads the counts; a process that still has any
 // at exit prints them to stderr as "fake libcuda: leak: ..." lines). Ending by its own
@@ -101,6 +110,7 @@
 
 namespace tf = ::tessera::fake_cuda;
 using Clock = std::chrono::steady_clock;
+using ::tessera::testing::FakeCudaHostCopies;
 using ::tessera::testing::FakeCudaKind;
 using ::tessera::testing::FakeCudaTally;
 
@@ -160,6 +170,15 @@ struct Allocation {
   CUctx_st* context;
 };
 
+// A host range registered with cuMemHostRegister; its Tracked handle is this struct.
+struct HostRegistration {
+  uintptr_t base;
+  uint64_t bytes;
+  CUctx_st* context;
+  bool portable;    // CU_MEMHOSTREGISTER_PORTABLE: pinned for every context
+  uint64_t serial;  // tells a later registration of the same range apart
+};
+
 // How a counted object ended when not by its own destroy call (see the top of this file).
 enum class Fate { kFreedWithContext, kOutlivedGreenContext, kFreedAfterFault };
 
@@ -178,8 +197,12 @@ struct Global {
   std::string green = "1";
   std::string fault_kernel;  // TESSERA_FAKE_CUDA_FAULT_KERNEL
   std::vector<Device> devices;
-  std::map<uintptr_t, Allocation> allocations;  // device memory by start address
-  std::set<CUctx_st*> contexts;                 // live ones
+  std::map<uintptr_t, Allocation> allocations;        // device memory by start address
+  std::map<uintptr_t, uint64_t> pinned;               // cuMemHostAlloc'd memory: start, size
+  std::map<uintptr_t, HostRegistration*> registered;  // by start address; owned
+  uint64_t registrations = 0;                         // serials handed out
+  FakeCudaHostCopies host_copies;                     // since the last reset
+  std::set<CUctx_st*> contexts;                       // live ones
   // Object accounting since the last reset (tessera_fake_cuda_reset bumps `generation`).
   uint64_t generation = 0;
   std::map<const void*, Tracked> live;  // by handle (device memory: by address)
@@ -317,7 +340,7 @@ bool UntrackLocked(FakeCudaKind kind, const void* handle) {
 }
 
 // Ends what `c` still holds as it is destroyed, each with its fate; frees pinned host memory
-// (device memory is freed by the caller). G().mu held.
+// and host registrations (device memory is freed by the caller). G().mu held.
 void EndChildrenLocked(const CUctx_st* c) {
   Global& g = G();
   const bool faulted = c->sticky.load() != CUDA_SUCCESS;
@@ -331,7 +354,12 @@ void EndChildrenLocked(const CUctx_st* c) {
     if (faulted && !(c->green && t.kind == FakeCudaKind::kStream)) fate = Fate::kFreedAfterFault;
     if (t.generation == g.generation) ++g.ended[{t.kind, t.origin, fate}];
     if (t.kind == FakeCudaKind::kHostMemory) {
+      g.pinned.erase(reinterpret_cast<uintptr_t>(it->first));
       std::free(const_cast<void*>(it->first));
+    } else if (t.kind == FakeCudaKind::kHostRegistration) {
+      const auto* registration = static_cast<const HostRegistration*>(it->first);
+      g.registered.erase(registration->base);
+      delete registration;
     } else if (t.kind != FakeCudaKind::kDeviceMemory) {
       // Events, streams, modules...: freed with the context by the real driver; the fake's
       // struct is kept, like the context's, so that a stale handle stays recognizable and
@@ -1133,7 +1161,9 @@ CUresult Fake_cuMemHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
   (void)flags;
   *ptr = std::malloc(std::max<size_t>(bytes, 1));
   if (*ptr == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-  Track(FakeCudaKind::kHostMemory, *ptr, c, "cuMemHostAlloc");
+  std::lock_guard<std::mutex> lock(G().mu);
+  G().pinned[reinterpret_cast<uintptr_t>(*ptr)] = std::max<size_t>(bytes, 1);
+  TrackLocked(FakeCudaKind::kHostMemory, *ptr, c, "cuMemHostAlloc");
   return CUDA_SUCCESS;
 }
 
@@ -1147,9 +1177,131 @@ CUresult Fake_cuMemFreeHost(void* ptr) {
           ptr);
       return CUDA_ERROR_INVALID_VALUE;
     }
+    G().pinned.erase(reinterpret_cast<uintptr_t>(ptr));
   }
   std::free(ptr);
   return CUDA_SUCCESS;
+}
+
+// The entry of `ranges` (by start address, with a size `SizeOf` reads) whose range holds
+// `start`, or end().
+template <typename Map, typename SizeOf>
+typename Map::const_iterator RangeHolding(const Map& ranges, uintptr_t start, SizeOf size_of) {
+  auto it = ranges.upper_bound(start);
+  if (it == ranges.begin()) return ranges.end();
+  --it;
+  return start - it->first < size_of(it->second) ? it : ranges.end();
+}
+
+// Whether [start, start + bytes) overlaps a range of `ranges`.
+template <typename Map, typename SizeOf>
+bool Overlaps(const Map& ranges, uintptr_t start, uint64_t bytes, SizeOf size_of) {
+  auto next = ranges.lower_bound(start);
+  if (next != ranges.end() && next->first - start < bytes) return true;
+  return RangeHolding(ranges, start, size_of) != ranges.end();
+}
+
+uint64_t PinnedSize(uint64_t size) { return size; }
+uint64_t RegisteredSize(const HostRegistration* r) { return r->bytes; }
+
+CUresult Fake_cuMemHostRegister(void* p, size_t bytes, unsigned int flags) {
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuMemHostRegister", &c); r != CUDA_SUCCESS) return r;
+  if (CUresult r = Injected("cuMemHostRegister"); r != CUDA_SUCCESS) return r;
+  constexpr unsigned int kFlags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                                  CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
+  const auto start = reinterpret_cast<uintptr_t>(p);
+  if (p == nullptr || bytes == 0 || bytes > UINTPTR_MAX - start || (flags & ~kFlags) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // The fake's devices have neither I/O memory nor read-only registration.
+  if ((flags & (CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY)) != 0) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  // cuda.h: the range joins the tracking cuMemHostAlloc's memory is in, for every context.
+  if (Overlaps(g.registered, start, bytes, RegisteredSize) ||
+      Overlaps(g.pinned, start, bytes, PinnedSize)) {
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  }
+  auto* registration = new HostRegistration{
+      start, bytes, c, (flags & CU_MEMHOSTREGISTER_PORTABLE) != 0, ++g.registrations};
+  g.registered[start] = registration;
+  TrackLocked(FakeCudaKind::kHostRegistration, registration, c, "cuMemHostRegister");
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuMemHostUnregister(void* p) {
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuMemHostUnregister", &c); r != CUDA_SUCCESS) return r;
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  auto it = g.registered.find(reinterpret_cast<uintptr_t>(p));
+  if (it == g.registered.end()) {
+    Misuse("cuMemHostUnregister of %p, which is not the base of a registered range", p);
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  }
+  if (it->second->context != c) {
+    Misuse("cuMemHostUnregister of %p from a context other than the one that registered it", p);
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  }
+  UntrackLocked(FakeCudaKind::kHostRegistration, it->second);
+  delete it->second;
+  g.registered.erase(it);
+  return CUDA_SUCCESS;
+}
+
+// The host side of a copy on `context`'s stream: counts it by the memory [host, host + n) is
+// in and returns the serial of the registration it copies directly from or to (0: none), or
+// INVALID_VALUE (a misuse) for a range that starts in registered or pinned memory and runs
+// past its end.
+CUresult HostSide(CUctx_st* context, const void* host, uint64_t n, bool in, const char* call,
+                  uint64_t* serial) {
+  *serial = 0;
+  if (n == 0) return CUDA_SUCCESS;
+  const auto start = reinterpret_cast<uintptr_t>(host);
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  FakeCudaHostCopies& copies = g.host_copies;
+  FakeCudaHostCopies::Count* count = in ? &copies.pageable_in : &copies.pageable_out;
+  uint64_t base = 0, size = 0;
+  const char* kind = nullptr;
+  if (auto r = RangeHolding(g.registered, start, RegisteredSize); r != g.registered.end()) {
+    base = r->first;
+    size = r->second->bytes;
+    kind = "registered";
+    if (r->second->context == context || r->second->portable) {
+      count = in ? &copies.direct_in : &copies.direct_out;
+      *serial = r->second->serial;
+    }  // else pinned for another context only: pageable for this one
+  } else if (auto a = RangeHolding(g.pinned, start, PinnedSize); a != g.pinned.end()) {
+    base = a->first;
+    size = a->second;
+    kind = "pinned";
+    count = in ? &copies.staging_in : &copies.staging_out;
+  }
+  if (kind != nullptr && n > size - (start - base)) {
+    Misuse("%s: host range [0x%llx, +%llu) runs past the end of the %s range [0x%llx, +%llu)", call,
+           static_cast<unsigned long long>(start), static_cast<unsigned long long>(n), kind,
+           static_cast<unsigned long long>(base), static_cast<unsigned long long>(size));
+    *serial = 0;
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  ++count->copies;
+  count->bytes += static_cast<long long>(n);
+  return CUDA_SUCCESS;
+}
+
+// A direct copy's registration (HostSide's serial) must still be there when the copy runs.
+void CheckStillRegistered(const void* host, uint64_t serial, const char* call) {
+  if (serial == 0) return;
+  Global& g = G();
+  std::lock_guard<std::mutex> lock(g.mu);
+  auto r = RangeHolding(g.registered, reinterpret_cast<uintptr_t>(host), RegisteredSize);
+  if (r == g.registered.end() || r->second->serial != serial) {
+    Misuse("%s ran after its host range %p was unregistered", call, host);
+  }
 }
 
 CUresult Fake_cuMemsetD8Async(CUdeviceptr ptr, unsigned char value, size_t n, CUstream stream) {
@@ -1169,7 +1321,13 @@ CUresult Fake_cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUst
   if (CUresult r = CheckRange(stream->context, dst, n, "cuMemcpyHtoDAsync"); r != CUDA_SUCCESS) {
     return r;
   }
-  stream->Enqueue([dst, src, n] {
+  uint64_t serial = 0;
+  if (CUresult r = HostSide(stream->context, src, n, true, "cuMemcpyHtoDAsync", &serial);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  stream->Enqueue([dst, src, n, serial] {
+    CheckStillRegistered(src, serial, "cuMemcpyHtoDAsync");
     std::memcpy(reinterpret_cast<void*>(dst), src, n);
     return CUDA_SUCCESS;
   });
@@ -1181,7 +1339,13 @@ CUresult Fake_cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s
   if (CUresult r = CheckRange(stream->context, src, n, "cuMemcpyDtoHAsync"); r != CUDA_SUCCESS) {
     return r;
   }
-  stream->Enqueue([dst, src, n] {
+  uint64_t serial = 0;
+  if (CUresult r = HostSide(stream->context, dst, n, false, "cuMemcpyDtoHAsync", &serial);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  stream->Enqueue([dst, src, n, serial] {
+    CheckStillRegistered(dst, serial, "cuMemcpyDtoHAsync");
     std::memcpy(dst, reinterpret_cast<const void*>(src), n);
     return CUDA_SUCCESS;
   });
@@ -1464,6 +1628,10 @@ constexpr ErrorText kErrors[] = {
     {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+     "pointer does not correspond to a registered memory region"},
     {CUDA_ERROR_MPS_SERVER_NOT_READY, "CUDA_ERROR_MPS_SERVER_NOT_READY",
      "MPS client failed to connect to the MPS control daemon or the MPS server"},
     {CUDA_ERROR_MPS_MAX_CLIENTS_REACHED, "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED",
@@ -1531,6 +1699,8 @@ const std::vector<Entry>& Entries() {
       FAKE_ENTRY(cuMemcpyDtoDAsync),
       FAKE_ENTRY(cuMemHostAlloc),
       FAKE_ENTRY(cuMemFreeHost),
+      FAKE_ENTRY(cuMemHostRegister),
+      FAKE_ENTRY(cuMemHostUnregister),
       FAKE_ENTRY(cuMemGetInfo),
       FAKE_ENTRY(cuStreamCreateWithPriority),
       FAKE_ENTRY(cuStreamDestroy),
@@ -1637,6 +1807,7 @@ FAKE_EXPORT void tessera_fake_cuda_reset() {
   g.ended.clear();
   g.fail_error = CUDA_SUCCESS;
   g.poisoned = CUDA_SUCCESS;  // a new process, as far as the next contexts are concerned
+  g.host_copies = FakeCudaHostCopies{};
   g_misuses.store(0);
   std::lock_guard<std::mutex> device_lock(g_device_error_mu);
   g_device_errors = 0;
@@ -1647,6 +1818,12 @@ FAKE_EXPORT void tessera_fake_cuda_new_process() {
   Global& g = G();
   std::lock_guard<std::mutex> lock(g.mu);
   g.poisoned = CUDA_SUCCESS;
+}
+
+FAKE_EXPORT void tessera_fake_cuda_host_copies(FakeCudaHostCopies* out) {
+  if (out == nullptr) return;
+  std::lock_guard<std::mutex> lock(G().mu);
+  *out = G().host_copies;
 }
 
 FAKE_EXPORT int tessera_fake_cuda_device_errors(char* last, int size) {

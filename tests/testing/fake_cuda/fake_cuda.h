@@ -2,10 +2,10 @@
 #define TESSERA_TESTS_TESTING_FAKE_CUDA_FAKE_CUDA_H_
 
 // What the fake driver (fake_cuda.cc) exports besides the CUDA entry points, and a reader for
-// tests: its misuse count and its accounting of the objects it hands out (see "Object
-// accounting" in fake_cuda.cc). Plain C++ and <dlfcn.h> only, so that tests reach it without
-// CUDA headers and on hosts where libcuda.so.1 is NVIDIA's (then FakeCudaDriver::Loaded() is
-// empty).
+// tests: its misuse count, its accounting of the objects it hands out (see "Object
+// accounting" in fake_cuda.cc) and its count of host<->device copies by host memory kind. Plain C++
+// and <dlfcn.h> only, so that tests reach it without CUDA headers and on hosts where libcuda.so.1
+// is NVIDIA's (then FakeCudaDriver::Loaded() is empty).
 #include <array>
 #include <optional>
 #include <string>
@@ -17,22 +17,24 @@ namespace tessera::testing {
 
 /// The kinds of object the fake driver counts, with the calls that make them.
 enum class FakeCudaKind : int {
-  kContext = 0,   // cuCtxCreate
-  kGreenContext,  // cuGreenCtxCreate
-  kStream,        // cuStreamCreateWithPriority, cuGreenCtxStreamCreate
-  kEvent,         // cuEventCreate
-  kDeviceMemory,  // cuMemAlloc
-  kHostMemory,    // cuMemHostAlloc (pinned)
-  kLibrary,       // cuLibraryLoadData
-  kModule,        // cuModuleLoadData (in the current context)
+  kContext = 0,       // cuCtxCreate
+  kGreenContext,      // cuGreenCtxCreate
+  kStream,            // cuStreamCreateWithPriority, cuGreenCtxStreamCreate
+  kEvent,             // cuEventCreate
+  kDeviceMemory,      // cuMemAlloc
+  kHostMemory,        // cuMemHostAlloc (pinned)
+  kLibrary,           // cuLibraryLoadData
+  kModule,            // cuModuleLoadData (in the current context)
+  kHostRegistration,  // cuMemHostRegister (in the current context)
 };
-inline constexpr int kFakeCudaKinds = 8;
+inline constexpr int kFakeCudaKinds = 9;
 
 /// "stream" (the report's word for a kind).
 inline const char* FakeCudaKindName(FakeCudaKind kind) {
   static constexpr std::array<const char*, kFakeCudaKinds> kNames = {
       "context",           "green context",          "stream",  "event",
       "device allocation", "pinned host allocation", "library", "module",
+      "host registration",
   };
   return kNames[static_cast<size_t>(kind)];
 }
@@ -55,6 +57,22 @@ struct FakeCudaTally {
   long freed_after_fault = 0;
 };
 
+/// Host<->device copies since the last reset, by the host memory they used: "in" is
+/// cuMemcpyHtoDAsync, "out" cuMemcpyDtoHAsync; counted when the copy is issued.
+struct FakeCudaHostCopies {
+  struct Count {
+    long copies = 0;
+    long long bytes = 0;
+  };
+  /// Inside a range the stream's context registered with cuMemHostRegister (or any context
+  /// with CU_MEMHOSTREGISTER_PORTABLE): one DMA from the caller's memory.
+  Count direct_in, direct_out;
+  /// Inside cuMemHostAlloc'd pinned memory: the backend's staging buffers.
+  Count staging_in, staging_out;
+  /// Anything else: pageable memory (the real driver stages it itself).
+  Count pageable_in, pageable_out;
+};
+
 // The exported functions, by name.
 inline constexpr char kFakeCudaMisusesSymbol[] = "tessera_fake_cuda_misuses";
 inline constexpr char kFakeCudaTallySymbol[] = "tessera_fake_cuda_tally";
@@ -63,6 +81,7 @@ inline constexpr char kFakeCudaResetSymbol[] = "tessera_fake_cuda_reset";
 inline constexpr char kFakeCudaFailSymbol[] = "tessera_fake_cuda_fail";
 inline constexpr char kFakeCudaDeviceErrorsSymbol[] = "tessera_fake_cuda_device_errors";
 inline constexpr char kFakeCudaNewProcessSymbol[] = "tessera_fake_cuda_new_process";
+inline constexpr char kFakeCudaHostCopiesSymbol[] = "tessera_fake_cuda_host_copies";
 /// Misuses since the last reset.
 using FakeCudaMisusesFn = int (*)();
 /// Fills `*out` for `kind` (a FakeCudaKind); false for another number.
@@ -79,7 +98,7 @@ using FakeCudaResetFn = void (*)();
 /// Makes the call of entry point `call` after `after` more that succeed fail with CUresult
 /// `error`, once. Served for the calls that create an object or finish a job's submission:
 /// cuStreamCreateWithPriority, cuGreenCtxStreamCreate, cuEventCreate, cuEventRecord,
-/// cuLaunchHostFunc, cuMemAlloc, cuMemHostAlloc.
+/// cuLaunchHostFunc, cuMemAlloc, cuMemHostAlloc, cuMemHostRegister.
 using FakeCudaFailFn = void (*)(const char* call, int after, int error);
 /// Kernel faults since the last reset (an access outside the launching context's memory, a
 /// misaligned one, a misused barrier or warp intrinsic); the last one's description ("kernel
@@ -88,6 +107,8 @@ using FakeCudaDeviceErrorsFn = int (*)(char* last, int size);
 /// Forgets a process-fatal error (an illegal address and the like: after one, no context can
 /// be created in the process), as a new process would; the counts stay. Reset does it too.
 using FakeCudaNewProcessFn = void (*)();
+/// Fills `*out` with the host copies counted since the last reset.
+using FakeCudaHostCopiesFn = void (*)(FakeCudaHostCopies* out);
 
 // For the fake cuBLAS (fake_cublas.cc), declared there with the driver's types:
 //   int tessera_fake_cuda_stream_context(CUstream, CUcontext* out)
@@ -119,9 +140,11 @@ class FakeCudaDriver {
         reinterpret_cast<FakeCudaDeviceErrorsFn>(dlsym(handle, kFakeCudaDeviceErrorsSymbol));
     fake.new_process_ =
         reinterpret_cast<FakeCudaNewProcessFn>(dlsym(handle, kFakeCudaNewProcessSymbol));
+    fake.host_copies_ =
+        reinterpret_cast<FakeCudaHostCopiesFn>(dlsym(handle, kFakeCudaHostCopiesSymbol));
     if (fake.misuses_ == nullptr || fake.tally_ == nullptr || fake.leaks_ == nullptr ||
         fake.reset_ == nullptr || fake.fail_ == nullptr || fake.device_errors_ == nullptr ||
-        fake.new_process_ == nullptr) {
+        fake.new_process_ == nullptr || fake.host_copies_ == nullptr) {
       return std::nullopt;
     }
     return fake;
@@ -137,6 +160,7 @@ class FakeCudaDriver {
     fail_ = other.fail_;
     device_errors_ = other.device_errors_;
     new_process_ = other.new_process_;
+    host_copies_ = other.host_copies_;
     return *this;
   }
   ~FakeCudaDriver() {
@@ -159,6 +183,12 @@ class FakeCudaDriver {
   void NewProcess() const { new_process_(); }
   /// See FakeCudaFailFn (`error`: a CUresult).
   void Fail(const char* call, int after, int error) const { fail_(call, after, error); }
+  /// See FakeCudaHostCopies.
+  FakeCudaHostCopies host_copies() const {
+    FakeCudaHostCopies copies;
+    host_copies_(&copies);
+    return copies;
+  }
   /// See FakeCudaDeviceErrorsFn.
   int DeviceErrors(std::string* last) const {
     char text[2048] = {};
@@ -185,6 +215,7 @@ class FakeCudaDriver {
   FakeCudaFailFn fail_ = nullptr;
   FakeCudaDeviceErrorsFn device_errors_ = nullptr;
   FakeCudaNewProcessFn new_process_ = nullptr;
+  FakeCudaHostCopiesFn host_copies_ = nullptr;
 };
 
 }  // namespace tessera::testing

@@ -95,6 +95,16 @@ TEST_F(TenantTableTest, TenantsStoredBeforeTheRequestQuotasGetTheirDefaults) {
   EXPECT_EQ((*store_->LoadAll())[0].quota.requests_per_second, 1000000u);
 }
 
+TEST_F(TenantTableTest, TenantsStoredBeforeTheRegionQuotaGetItsDefault) {
+  ASSERT_TRUE(table_->Register(Spec("alpha")).ok());
+  TenantRecord record = table_->Get("alpha")->record;
+  EXPECT_EQ(record.quota.max_region_bytes, record.quota.device_memory_bytes);
+  record.quota.max_region_bytes = 0;  // as a schema-3 file migrates
+  ASSERT_TRUE(store_->Update(record).ok());
+  Open();
+  EXPECT_EQ(table_->Get("alpha")->record.quota.max_region_bytes, record.quota.device_memory_bytes);
+}
+
 TEST_F(TenantTableTest, DuplicateIdIsAlreadyExists) {
   ASSERT_TRUE(table_->Register(Spec("alpha")).ok());
   absl::Status dup = table_->Register(Spec("alpha")).status();

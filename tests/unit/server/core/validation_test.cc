@@ -68,6 +68,21 @@ TEST(QuotaTest, FillsDefaults) {
   EXPECT_EQ(q->max_streams, kDefaultMaxStreams);
   EXPECT_EQ(q->max_queued_jobs, kDefaultMaxQueuedJobs);
   EXPECT_EQ(q->priority, Priority::kNormal);
+  EXPECT_EQ(q->max_region_bytes, q->device_memory_bytes);
+}
+
+TEST(QuotaTest, RegionBytesAreBounded) {
+  Quota q = ValidQuota();
+  q.max_region_bytes = kMinRegionBytes - 1;
+  absl::Status low = NormalizeQuota(q).status();
+  EXPECT_EQ(low.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(low.message(), HasSubstr("quota.max_region_bytes is 1048575"));
+  q.max_region_bytes = kMinRegionBytes;
+  EXPECT_EQ(NormalizeQuota(q)->max_region_bytes, kMinRegionBytes);
+  q.max_region_bytes = kMaxRegionBytes;
+  EXPECT_TRUE(NormalizeQuota(q).ok());
+  q.max_region_bytes = kMaxRegionBytes + 1;
+  EXPECT_THAT(NormalizeQuota(q).status().message(), HasSubstr("1 PiB"));
 }
 
 TEST(QuotaTest, DeviceMemoryIsRequiredAndBounded) {

@@ -143,6 +143,7 @@ TEST(TenantStoreTest, AVersionOneFileIsMigrated) {
                          "DROP TABLE tenant_kernels; "
                          "ALTER TABLE tenants DROP COLUMN max_requests_in_flight; "
                          "ALTER TABLE tenants DROP COLUMN requests_per_second; "
+                         "ALTER TABLE tenants DROP COLUMN max_region_bytes; "
                          "PRAGMA user_version = 1",
                          nullptr, nullptr, nullptr),
             SQLITE_OK);
@@ -168,6 +169,7 @@ TEST(TenantStoreTest, AVersionTwoFileGainsTheRequestQuotaColumns) {
   ASSERT_EQ(sqlite3_exec(db,
                          "ALTER TABLE tenants DROP COLUMN max_requests_in_flight; "
                          "ALTER TABLE tenants DROP COLUMN requests_per_second; "
+                         "ALTER TABLE tenants DROP COLUMN max_region_bytes; "
                          "PRAGMA user_version = 2",
                          nullptr, nullptr, nullptr),
             SQLITE_OK);
@@ -179,6 +181,32 @@ TEST(TenantStoreTest, AVersionTwoFileGainsTheRequestQuotaColumns) {
   // Not set: the tenant table fills in the defaults when it restores the tenant.
   EXPECT_EQ(loaded[0].quota.max_requests_in_flight, 0u);
   EXPECT_EQ(loaded[0].quota.requests_per_second, 0u);
+  ASSERT_TRUE((*store)->Update(alpha).ok());
+  EXPECT_THAT(*(*store)->LoadAll(), ElementsAre(alpha));
+}
+
+TEST(TenantStoreTest, AVersionThreeFileGainsTheRegionQuotaColumn) {
+  testing::TempDir dir;
+  std::string path = dir.File("t.db");
+  TenantRecord alpha = Record("alpha");
+  alpha.quota.max_region_bytes = uint64_t{3} << 30;
+  {
+    auto store = *TenantStore::Open(path);
+    ASSERT_TRUE(store->Insert(alpha).ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "ALTER TABLE tenants DROP COLUMN max_region_bytes; "
+                         "PRAGMA user_version = 3",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = TenantStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<TenantRecord> loaded = *(*store)->LoadAll();
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0].quota.max_region_bytes, 0u);  // not set: defaulted on restore
   ASSERT_TRUE((*store)->Update(alpha).ok());
   EXPECT_THAT(*(*store)->LoadAll(), ElementsAre(alpha));
 }

@@ -1,0 +1,463 @@
+#include "server/service/transfer_reactors.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpc/slice.h"
+
+#include "server/common/status_macros.h"
+#include "server/core/validation.h"
+#include "server/service/call.h"
+#include "server/service/compute_convert.h"
+#include "server/service/transfer_wire.h"
+
+namespace tessera {
+namespace {
+
+constexpr int64_t kDefaultChunkBytes = 1 << 20;
+constexpr int64_t kMinChunkBytes = 4 << 10;
+
+// Lets a closing tenant cancel a transfer's call: the runtime keeps a hook that calls
+// TryCancel while the reactor lives, and nothing once it is done.
+class TransferCanceller {
+ public:
+  TransferCanceller(grpc::CallbackServerContext* context, std::shared_ptr<TenantRuntime> runtime)
+      : state_(std::make_shared<State>()), runtime_(std::move(runtime)) {
+    state_->context = context;
+    hook_ = runtime_->AddTransferHook([state = state_]() {
+      absl::MutexLock lock(&state->mu);
+      if (state->context != nullptr) state->context->TryCancel();
+    });
+  }
+  ~TransferCanceller() {
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->context = nullptr;
+    }
+    runtime_->RemoveTransferHook(hook_);
+  }
+
+ private:
+  struct State {
+    absl::Mutex mu;
+    grpc::CallbackServerContext* context ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  std::shared_ptr<State> state_;
+  std::shared_ptr<TenantRuntime> runtime_;
+  uint64_t hook_ = 0;
+};
+
+// Uploads: a header, then chunks; answered once the client half-closes. Reactions only
+// hand work to the transfer executor: chunks are copied (into a staging copy that commits
+// only when every byte arrived and the client is still there) off gRPC's threads, straight
+// from the slices gRPC received them in (FindChunk). Two message buffers: gRPC reads the next
+// chunk into one while the executor copies the other, so the connection is never idle for a
+// copy and at most two chunks are held per upload. The executor runs one task of an upload
+// at a time (`busy_`), in the order read.
+class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  WriteTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
+                     FairExecutor* transfers, grpc::ByteBuffer* response)
+      : context_(context),
+        log_(context, "WriteTensor"),
+        transfers_(transfers),
+        response_(response) {
+    absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime = auth->AuthenticateTenant(*context);
+    if (!runtime.ok()) {
+      Answer(runtime.status());
+      return;
+    }
+    runtime_ = *std::move(runtime);
+    canceller_.emplace(context, runtime_);
+    log_.set_tenant(runtime_->tenant_id());
+    StartRead(&buffers_[0]);
+  }
+
+  void OnReadDone(bool ok) override {
+    int full = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;  // answered already (a failed chunk); nothing more to do
+      if (!ok) {
+        ended_ = true;
+        if (busy_) return;  // the running task completes the call when it ends
+        busy_ = true;
+      } else if (busy_) {
+        waiting_ = true;  // both buffers taken: handed over when the running task ends
+        return;
+      } else {
+        busy_ = true;
+        full = TakeReadLocked();
+      }
+    }
+    if (full < 0) return Post([this] { Complete(); });
+    CopyAndReadNext(full);
+  }
+  void OnCancel() override { cancelled_.store(true); }
+  void OnDone() override { delete this; }  // an unfinished writer commits nothing
+
+ private:
+  // Queues `task` on the transfer executor; when the executor refuses it, answers the call.
+  void Post(absl::AnyInvocable<void() &&> task) {
+    absl::Status queued =
+        transfers_->Schedule(runtime_->tenant_id(), TransferWeight(*runtime_), std::move(task));
+    if (!queued.ok()) Answer(queued);
+  }
+
+  // The buffer gRPC just filled; gRPC reads into the other one from now on.
+  int TakeReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int full = reading_;
+    reading_ ^= 1;
+    return full;
+  }
+
+  // Queues the copy of buffer `full` and reads the next message into the other. The read
+  // starts first: a copy that fails answers the call, and after that (with no read in
+  // flight) gRPC may end the reactor at once.
+  void CopyAndReadNext(int full) {
+    StartRead(&buffers_[full ^ 1]);
+    Post([this, full] { Consume(full); });
+  }
+
+  // On the executor: copies buffer `index`, then hands the executor the message read
+  // meanwhile (a task of its own, so that tenants still take turns chunk by chunk), or
+  // completes the call when the stream has ended.
+  void Consume(int index) {
+    absl::Status status = ConsumeMessage(buffers_[index]);
+    buffers_[index].Clear();  // the chunk's bytes are in the staging copy now
+    if (!status.ok()) return Answer(status);
+    int next = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      if (waiting_) {
+        waiting_ = false;
+        next = TakeReadLocked();
+      } else if (!ended_) {
+        busy_ = false;
+        return;
+      }
+    }
+    if (next < 0) return Complete();
+    CopyAndReadNext(next);
+  }
+
+  // A chunk in the form every client sends is copied from gRPC's slices where it lies; any
+  // other message (the header, a chunk with its fields in another order or unknown ones) is
+  // parsed by protobuf.
+  absl::Status ConsumeMessage(const grpc::ByteBuffer& message) {
+    ++messages_;
+    if (writer_ != nullptr) {
+      ChunkView chunk;
+      absl::StatusOr<bool> found = FindChunk(message, &chunk);
+      if (!found.ok()) return NotARequest(found.status().message());
+      if (*found) return WriteChunk(chunk.offset, chunk.pieces, chunk.size);
+    }
+    v1::WriteTensorRequest request;
+    if (!ParseMessage(message, &request)) {
+      return NotARequest(
+          "protobuf cannot parse it (truncated or corrupt, or a string that is not UTF-8)");
+    }
+    if (writer_ == nullptr) return BeginUpload(request);
+    if (!request.has_chunk()) {
+      return absl::InvalidArgumentError("after the header, every message must be a chunk");
+    }
+    const absl::string_view data = request.chunk().data();
+    return WriteChunk(request.chunk().offset(), absl::MakeConstSpan(&data, 1), data.size());
+  }
+
+  absl::Status BeginUpload(const v1::WriteTensorRequest& request) {
+    if (!request.has_header()) {
+      return absl::InvalidArgumentError("the first message must be a header");
+    }
+    const v1::WriteHeader& header = request.header();
+    std::optional<kernels::TensorMeta> create;
+    if (header.has_create()) {
+      ASSIGN_OR_RETURN(create, MetaFromProto(header.create(), "header.create"));
+    } else if (header.handle().empty()) {
+      return absl::InvalidArgumentError("header needs a handle or a create spec");
+    } else {
+      RETURN_IF_ERROR(CheckReference(header.handle(), "header.handle", "a tensor handle"));
+    }
+    ASSIGN_OR_RETURN(writer_, runtime_->BeginWrite(header.handle(), create));
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteChunk(uint64_t offset, absl::Span<const absl::string_view> data,
+                          uint64_t size) {
+    if (size == 0) {
+      return absl::InvalidArgumentError("chunk.data is empty; every chunk carries bytes");
+    }
+    return writer_->Write(offset, data);
+  }
+
+  absl::Status NotARequest(absl::string_view why) const {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "message ", messages_, " of the upload is not a tessera.v1.WriteTensorRequest: ", why));
+  }
+
+  // The client stopped sending: half-closed (commit) or gone (commit nothing).
+  void Complete() {
+    if (cancelled_.load() || context_->IsCancelled()) {
+      return Answer(absl::CancelledError("the client cancelled the upload; nothing was written"));
+    }
+    if (writer_ == nullptr) return Answer(absl::InvalidArgumentError("no header was sent"));
+    const bool created = writer_->info().handle.empty();
+    absl::StatusOr<TensorInfo> info = writer_->Finish();
+    if (!info.ok()) return Answer(info.status());
+    if (cancelled_.load() && created) {
+      // Gone while committing: the new tensor's handle would reach nobody.
+      (void)runtime_->DeleteTensor(info->handle);
+      return Answer(absl::CancelledError("the client cancelled the upload; nothing was written"));
+    }
+    v1::TensorInfo reply;
+    TensorInfoToProto(*info, &reply);
+    SerializeMessage(reply, response_);
+    Answer(absl::OkStatus());
+  }
+
+  // Ends the call with `status` (OK: the commit above succeeded). The writer is released
+  // before the answer goes out, so a client's next call never finds the tensor still held by
+  // this upload. A read may still be in flight: its OnReadDone sees `finished_` and does
+  // nothing, and OnDone waits for it.
+  void Answer(const absl::Status& status) {
+    writer_.reset();
+    {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+    }
+    Finish(log_.Finish(status));
+  }
+
+  grpc::CallbackServerContext* const context_;
+  CallLog log_;
+  FairExecutor* const transfers_;
+  grpc::ByteBuffer* const response_;
+  grpc::ByteBuffer buffers_[2];
+  absl::Mutex mu_;
+  int reading_ ABSL_GUARDED_BY(mu_) = 0;       // the buffer gRPC reads into
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;     // an executor task of this upload is queued or runs
+  bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // buffers_[reading_] holds a read message
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;    // the client stopped sending
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<TenantRuntime> runtime_;
+  std::optional<TransferCanceller> canceller_;
+  std::unique_ptr<TenantRuntime::Writer> writer_;
+  uint64_t messages_ = 0;  // consumed so far, the header included (executor tasks, in turn)
+  std::atomic<bool> cancelled_{false};
+};
+
+// Downloads: chunks of at most chunk_bytes, each read by the transfer executor straight into
+// a slice of its own that gRPC sends after a small encoded prefix (ReadReplyPrefix). One write
+// in flight while the executor fills the next reply, so the connection never waits for a
+// fill; the executor runs one fill of a download at a time, in order. What the stream holds
+// is charged to the tenant's memory quota as transfer staging: two chunks, the one in flight
+// and the one filled or being filled.
+class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  ReadTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
+                    FairExecutor* transfers, const grpc::ByteBuffer& request,
+                    int64_t max_message_bytes)
+      : log_(context, "ReadTensor"), transfers_(transfers) {
+    absl::Status status = Start(auth, context, request, max_message_bytes);
+    if (!status.ok()) {
+      Done(status);
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      filling_ = true;
+    }
+    Post();
+  }
+
+  // The next reply goes out at once if it is ready, and the one after is filled meanwhile.
+  void OnWriteDone(bool ok) override {
+    bool write = false, fill = false;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok && failure_.ok()) failure_ = absl::CancelledError("the client stopped reading");
+      if (!failure_.ok() || (!filling_ && !ready_.has_value())) {
+        if (filling_) return;  // the fill in progress ends the call
+      } else if (ready_.has_value()) {
+        reply_ = *std::move(ready_);
+        ready_.reset();
+        writing_ = write = true;
+        fill = filling_ = !filled_all_;  // no fill runs while a reply is ready
+      } else {
+        return;  // the fill in progress starts the write
+      }
+    }
+    if (!write) return Done();
+    StartWrite(&reply_);
+    if (fill) Post();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Start(const Authenticator* auth, grpc::CallbackServerContext* context,
+                     const grpc::ByteBuffer& bytes, int64_t max_message_bytes) {
+    // As gRPC answers any other method's request that does not parse (docs/api.md).
+    v1::ReadTensorRequest request;
+    if (!ParseMessage(bytes, &request)) {
+      return absl::UnimplementedError(
+          "the request does not parse as a tessera.v1.ReadTensorRequest");
+    }
+    ASSIGN_OR_RETURN(runtime_, auth->AuthenticateTenant(*context));
+    log_.set_tenant(runtime_->tenant_id());
+    int64_t max_chunk = max_message_bytes / 2;
+    chunk_bytes_ = request.chunk_bytes() == 0 ? std::min(kDefaultChunkBytes, max_chunk)
+                                              : static_cast<int64_t>(request.chunk_bytes());
+    if (chunk_bytes_ < kMinChunkBytes || chunk_bytes_ > max_chunk) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk_bytes is ", chunk_bytes_,
+                                                     "; the range is ", kMinChunkBytes, "..",
+                                                     max_chunk, " (--max_message_bytes / 2)"));
+    }
+    RETURN_IF_ERROR(CheckReference(request.handle(), "handle", "a tensor handle"));
+    ASSIGN_OR_RETURN(reader_, runtime_->BeginRead(request.handle()));
+    uint64_t size = reader_->info().size_bytes;
+    if (request.offset() > size || request.length() > size - request.offset()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "offset ", request.offset(), " + length ", request.length(), " is outside the tensor's ",
+          size, " bytes (offset 0..", size, ", offset + length <= ", size, ")"));
+    }
+    position_ = request.offset();
+    end_ = request.length() == 0 ? size : request.offset() + request.length();
+    // Never more than the range, and smaller chunks when the quota has little room left.
+    chunk_bytes_ = std::min<int64_t>(chunk_bytes_, std::max<uint64_t>(end_ - position_, 1));
+    absl::StatusOr<MemoryCharge> charge = runtime_->ReserveStaging(2 * chunk_bytes_);
+    while (!charge.ok() && chunk_bytes_ > kMinChunkBytes) {
+      chunk_bytes_ = std::max(kMinChunkBytes, chunk_bytes_ / 4);
+      charge = runtime_->ReserveStaging(2 * chunk_bytes_);
+    }
+    if (!charge.ok()) return charge.status();
+    staging_ = *std::move(charge);
+    canceller_.emplace(context, runtime_);
+    return absl::OkStatus();
+  }
+
+  // Queues a fill (the caller has set filling_).
+  void Post() {
+    absl::Status queued =
+        transfers_->Schedule(runtime_->tenant_id(), TransferWeight(*runtime_), [this] { Fill(); });
+    if (!queued.ok()) Filled(queued, grpc::ByteBuffer());
+  }
+
+  // On the executor: fills the next reply.
+  void Fill() {
+    grpc::ByteBuffer reply;
+    absl::Status status = NextReply(&reply);
+    Filled(status, std::move(reply));
+  }
+
+  // Sends `reply` when no write is in flight, else keeps it for OnWriteDone; then fills the
+  // one after while this one is written. At most two replies are held: one in flight and one
+  // filled or being filled.
+  void Filled(const absl::Status& status, grpc::ByteBuffer reply) {
+    bool write = false, fill = false;
+    {
+      absl::MutexLock lock(&mu_);
+      filling_ = false;
+      if (!status.ok() && failure_.ok()) failure_ = status;
+      if (!failure_.ok()) {
+        if (writing_) return;  // OnWriteDone ends the call
+      } else {
+        filled_all_ = position_ >= end_;
+        if (writing_) {
+          ready_ = std::move(reply);
+          return;
+        }
+        reply_ = std::move(reply);
+        writing_ = write = true;
+        fill = filling_ = !filled_all_;
+      }
+    }
+    if (!write) return Done();
+    StartWrite(&reply_);
+    if (fill) Post();
+  }
+
+  // The next reply, its chunk read from the tensor into the slice it is sent in (the only
+  // copy on this side).
+  absl::Status NextReply(grpc::ByteBuffer* out) {
+    const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(chunk_bytes_), end_ - position_);
+    grpc::Slice data;
+    if (n > 0) {
+      // Never inlined (a reference-counted heap block): the bytes stay where they are read.
+      grpc_slice block = grpc_slice_malloc_large(n);
+      uint8_t* into = GRPC_SLICE_START_PTR(block);
+      data = grpc::Slice(block, grpc::Slice::STEAL_REF);
+      RETURN_IF_ERROR(reader_->Read(position_, n, into));
+    }
+    std::optional<v1::TensorInfo> info;
+    if (first_) {
+      TensorInfoToProto(reader_->info(), &info.emplace());
+      first_ = false;
+    }
+    const grpc::Slice reply[] = {
+        grpc::Slice(ReadReplyPrefix(info.has_value() ? &*info : nullptr, position_, n)),
+        std::move(data)};
+    *out = grpc::ByteBuffer(reply, n > 0 ? 2 : 1);
+    position_ += n;
+    return absl::OkStatus();
+  }
+
+  // Ends the call with failure_ (OK: every reply was sent) once nothing is in flight. The
+  // reader and the staging charge are released before the final status goes out (see
+  // WriteTensorReactor::Answer): a client's next GetUsage never sees this download.
+  void Done() {
+    absl::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      status = failure_;
+    }
+    Done(status);
+  }
+  void Done(const absl::Status& status) {
+    reader_.reset();
+    staging_.Release();
+    Finish(log_.Finish(status));
+  }
+
+  CallLog log_;
+  FairExecutor* const transfers_;
+  std::shared_ptr<TenantRuntime> runtime_;
+  std::unique_ptr<TenantRuntime::Reader> reader_;
+  std::optional<TransferCanceller> canceller_;
+  MemoryCharge staging_;
+  int64_t chunk_bytes_ = 0;
+  uint64_t position_ = 0, end_ = 0;  // the next fill's; fills run one at a time, in order
+  bool first_ = true;
+  grpc::ByteBuffer reply_;  // the write in flight (gRPC reads it until OnWriteDone)
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;                   // a write is in flight
+  bool filling_ ABSL_GUARDED_BY(mu_) = false;                   // a fill is queued or runs
+  bool filled_all_ ABSL_GUARDED_BY(mu_) = false;                // the last reply has been filled
+  std::optional<grpc::ByteBuffer> ready_ ABSL_GUARDED_BY(mu_);  // filled, to go next
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+double TransferWeight(const TenantRuntime& runtime) {
+  return static_cast<double>(std::max<uint32_t>(1, runtime.quota().compute_share_percent));
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewWriteTensorReactor(
+    grpc::CallbackServerContext* context, const Authenticator* auth, FairExecutor* transfers,
+    grpc::ByteBuffer* response) {
+  return new WriteTensorReactor(context, auth, transfers, response);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewReadTensorReactor(
+    grpc::CallbackServerContext* context, const Authenticator* auth, FairExecutor* transfers,
+    const grpc::ByteBuffer& request, int64_t max_message_bytes) {
+  return new ReadTensorReactor(context, auth, transfers, request, max_message_bytes);
+}
+
+}  // namespace tessera
