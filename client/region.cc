@@ -53,10 +53,11 @@ absl::Status ParseReply(absl::string_view line) {
 }
 
 // Step 3 of docs/api.md's registration: `ticket` and a newline with `fd` (SCM_RIGHTS) on the
-// descriptor socket at `path`, and its one-line answer. FAILED_PRECONDITION when nothing
-// listens there.
+// descriptor socket at `path`, and its one-line answer. FAILED_PRECONDITION, with `*connected`
+// false, when nothing listens there.
 absl::Status SendDescriptor(const std::string& path, absl::string_view ticket, int fd,
-                            absl::Duration timeout) {
+                            absl::Duration timeout, bool* connected) {
+  *connected = false;
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.size() >= sizeof(address.sun_path)) {
@@ -76,6 +77,7 @@ absl::Status SendDescriptor(const std::string& path, absl::string_view ticket, i
     return absl::FailedPreconditionError(
         absl::StrCat("cannot connect to the descriptor socket ", path, ": ", std::strerror(errno)));
   }
+  *connected = true;
   std::string line = absl::StrCat(ticket, "\n");
   iovec iov{line.data(), line.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -172,11 +174,13 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Register(Client& cli
       new SharedRegion(&client, static_cast<char*>(data), size_bytes));
   // The socket beside the one this client connected to (the server's own path for it, in the
   // ticket, differs inside a container that mounts the directory elsewhere).
-  absl::Status sent = SendDescriptor(absl::StrCat(socket_path, ".regions"), ticket->ticket(), fd,
-                                     client.options_.timeout);
-  if (absl::IsFailedPrecondition(sent) && !ticket->socket_path().empty() &&
-      ticket->socket_path() != absl::StrCat(socket_path, ".regions")) {
-    sent = SendDescriptor(ticket->socket_path(), ticket->ticket(), fd, client.options_.timeout);
+  const std::string beside = absl::StrCat(socket_path, ".regions");
+  bool connected = false;
+  absl::Status sent =
+      SendDescriptor(beside, ticket->ticket(), fd, client.options_.timeout, &connected);
+  if (!connected && !ticket->socket_path().empty() && ticket->socket_path() != beside) {
+    sent = SendDescriptor(ticket->socket_path(), ticket->ticket(), fd, client.options_.timeout,
+                          &connected);
   }
   if (!sent.ok()) return sent;
   absl::StatusOr<v1::Region> claimed = client.FinishRegion(ticket->ticket());

@@ -116,8 +116,8 @@ TEST_F(CliTest, HelpAtTheTopListsCommandsFlagsAndExitStatuses) {
   EXPECT_THAT(help.output, HasSubstr("Usage: tessera [GLOBAL FLAGS] COMMAND"));
   for (const char* command :
        {"tenant register ID", "tenant rotate-key ID", "server info", "mps status",
-        "tensor put FILE|-", "tensor get HANDLE", "run KERNEL", "kernel define [NAME]", "usage",
-        "help [COMMAND...]", "completion bash"}) {
+        "tensor put FILE|-", "tensor get HANDLE", "run KERNEL", "kernel define [NAME]",
+        "region list", "region rm HANDLE...", "usage", "help [COMMAND...]", "completion bash"}) {
     EXPECT_THAT(help.output, HasSubstr(command));
   }
   EXPECT_THAT(help.output, HasSubstr("--addr=HOST:PORT"));
@@ -659,7 +659,11 @@ class CliRegionTest : public CliTest {
  protected:
   void SetUp() override {
     socket_ = dir_.File("t.sock");
-    StartServer({"--unix_socket=" + socket_, "--log_level=info"});
+    StartServer(Flags());
+  }
+  // A client's idle connection holds a shutdown for the whole --drain_timeout (10 s).
+  std::vector<std::string> Flags() const {
+    return {"--unix_socket=" + socket_, "--log_level=info", "--drain_timeout=1s"};
   }
 
   // The CLI over the Unix socket, with `env` added to its environment.
@@ -748,6 +752,35 @@ TEST_F(CliRegionTest, TensorPutAndGetGoThroughARegionOverTheUnixSocket) {
   ASSERT_EQ(listed.exit_code, kOk) << listed.output;
   EXPECT_THAT(listed.output, Not(HasSubstr("rg_")));
   EXPECT_THAT(server_->output(), HasSubstr("peer=unix:" + socket_));
+}
+
+TEST_F(CliRegionTest, ProgressBarForATransferThroughARegion) {
+  if (access("/usr/bin/script", X_OK) != 0) GTEST_SKIP() << "util-linux script(1) is missing";
+  const std::string key = MustRegister("alpha");
+  testing::TempDir files;
+  const std::string big = ArrayFile(files, "big.npy", 2 << 20);  // 8 MiB
+  std::map<std::string, std::string> env = Env(key);
+  env["TESSERA_ADDR"] = "unix:" + socket_;
+  // script(1) gives the CLI a pseudo-terminal.
+  auto put =
+      testing::RunCommand({"/usr/bin/script", "-qec",
+                           absl::StrCat(testing::CliBinary(), " tensor put ", big), "/dev/null"},
+                          env);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->exit_code, 0) << put->output;
+  EXPECT_THAT(put->output, HasSubstr("put [====================] 100%  8 MiB in "));
+  std::smatch handle;
+  ASSERT_TRUE(std::regex_search(put->output, handle, std::regex(R"(tn_\S+)"))) << put->output;
+  auto get = testing::RunCommand({"/usr/bin/script", "-qec",
+                                  absl::StrCat(testing::CliBinary(), " tensor get ", handle.str(),
+                                               " -o ", files.File("out.npy")),
+                                  "/dev/null"},
+                                 env);
+  ASSERT_TRUE(get.ok()) << get.status();
+  EXPECT_EQ(get->exit_code, 0) << get->output;
+  EXPECT_THAT(get->output, HasSubstr("get [====================] 100%  8 MiB in "));
+  EXPECT_EQ(FileBytes(files.File("out.npy")), FileBytes(big));
+  EXPECT_TRUE(WaitForCalls("ReadTensorIntoRegion", 1));
 }
 
 TEST_F(CliRegionTest, RegionsTurnedOffStreamOverTheUnixSocket) {
@@ -984,21 +1017,17 @@ TEST_F(CliRegionTest, TheClientStreamsWhenItCannotUseRegions) {
 
 TEST_F(CliRegionTest, AServerRestartedSinceForgetsTheRegionAndTheClientRegistersAnother) {
   const std::string key = MustRegister("alpha");
-  auto client = UnixClient(key, getenv("DBG_NOREG") == nullptr);
+  auto client = UnixClient(key);
   v1::TensorSpec spec;
   spec.set_dtype(v1::DTYPE_U8);
   spec.add_shape(1 << 20);
   const std::string data(1 << 20, 'y');
   ASSERT_TRUE(client->Upload(spec, data).ok());
-  fprintf(stderr, "DBG0 %s\n", absl::FormatTime(absl::Now()).c_str());
   ASSERT_TRUE(server_->Stop(SIGTERM).ok());
-  fprintf(stderr, "DBG1 %s\n", absl::FormatTime(absl::Now()).c_str());
-  StartServer({"--unix_socket=" + socket_, "--log_level=info"});
-  fprintf(stderr, "DBG2 %s\n", absl::FormatTime(absl::Now()).c_str());
+  StartServer(Flags());
   absl::StatusOr<v1::TensorInfo> again;
   for (int i = 0; i < 50; ++i) {  // the channel reconnects
     again = client->Upload(spec, data);
-    fprintf(stderr, "DBG3 %s %s\n", absl::FormatTime(absl::Now()).c_str(), again.status().ToString().c_str());
     if (!absl::IsUnavailable(again.status())) break;
     absl::SleepFor(absl::Milliseconds(100));
   }

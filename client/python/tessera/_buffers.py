@@ -39,7 +39,8 @@ def _cache_bytes() -> int:
 class _Pool:
     def __init__(self, cap: int) -> None:
         self.cap = cap
-        self._lock = threading.Lock()
+        # Reentrant: a garbage collection inside a locked section may give a mapping back.
+        self._lock = threading.RLock()
         self._free: List[mmap.mmap] = []  # mappings no array views any more
 
     def take(self, nbytes: int) -> np.ndarray:
