@@ -629,10 +629,10 @@ grpc::ServerUnaryReactor* ComputeService::ReadTensorIntoRegion(
       context, "ReadTensorIntoRegion", [request, response](TenantRuntime& runtime) -> absl::Status {
         RETURN_IF_ERROR(CheckReference(request->handle(), "handle", "a tensor handle"));
         RETURN_IF_ERROR(CheckReference(request->region(), "region", "a region handle"));
-        ASSIGN_OR_RETURN(TenantRuntime::RegionRead read,
-                         runtime.ReadIntoRegion(request->handle(), request->offset(),
-                                                request->length(), request->region(),
-                                                request->region_offset()));
+        ASSIGN_OR_RETURN(
+            TenantRuntime::RegionRead read,
+            runtime.ReadIntoRegion(request->handle(), request->offset(), request->length(),
+                                   request->region(), request->region_offset()));
         TensorInfoToProto(read.info, response->mutable_info());
         response->set_bytes(read.bytes);
         return absl::OkStatus();
