@@ -3,9 +3,9 @@
 
 // What the fake driver (fake_cuda.cc) exports besides the CUDA entry points, and a reader for
 // tests: its misuse count, its accounting of the objects it hands out (see "Object
-// accounting" in fake_cuda.cc) and its count of host<->device copies by host memory kind. Plain C++
-// and <dlfcn.h> only, so that tests reach it without CUDA headers and on hosts where libcuda.so.1
-// is NVIDIA's (then FakeCudaDriver::Loaded() is empty).
+// accounting" in fake_cuda.cc) and its count of host<->device copies by host memory kind.
+// Plain C++ and <dlfcn.h> only, so that tests reach it without CUDA headers and on hosts
+// where libcuda.so.1 is NVIDIA's (then FakeCudaDriver::Loaded() is empty).
 #include <array>
 #include <optional>
 #include <string>
