@@ -15,6 +15,7 @@
 #include "grpcpp/support/proto_buffer_reader.h"
 
 #include "client/region_pool.h"
+#include "wire/slice_cursor.h"
 
 namespace tessera {
 namespace {
@@ -52,61 +53,7 @@ absl::StatusOr<Response> Unary(const Client& client, Call call) {
 // The payload that carries the retry hint on an absl::Status (the server uses the same key).
 constexpr char kRetryAfterMsPayload[] = "type.tessera.dev/retry-after-ms";
 
-// Reads a message's bytes across its slices, front to back.
-class SliceCursor {
- public:
-  SliceCursor(const std::vector<grpc::Slice>& slices, uint64_t total)
-      : slices_(slices), left_(total) {}
-
-  uint64_t left() const { return left_; }
-
-  bool ReadByte(uint8_t* byte) {
-    if (left_ == 0) return false;
-    while (position_ == slices_[index_].size()) {
-      ++index_;
-      position_ = 0;
-    }
-    *byte = slices_[index_].begin()[position_++];
-    --left_;
-    return true;
-  }
-
-  // Protobuf's base-128 varint (at most 10 bytes).
-  bool ReadVarint(uint64_t* value) {
-    *value = 0;
-    for (int i = 0; i < 10; ++i) {
-      uint8_t byte = 0;
-      if (!ReadByte(&byte)) return false;
-      *value |= static_cast<uint64_t>(byte & 0x7f) << (7 * i);
-      if ((byte & 0x80) == 0) return true;
-    }
-    return false;
-  }
-
-  // The next `bytes` (at most left()) where they lie, one view per slice they span.
-  void Take(uint64_t bytes, std::vector<absl::string_view>* pieces) {
-    left_ -= bytes;
-    while (bytes > 0) {
-      const grpc::Slice& slice = slices_[index_];
-      const uint64_t n = std::min<uint64_t>(bytes, slice.size() - position_);
-      if (n > 0) {
-        pieces->emplace_back(reinterpret_cast<const char*>(slice.begin()) + position_, n);
-      }
-      position_ += n;
-      bytes -= n;
-      if (position_ == slice.size()) {
-        ++index_;
-        position_ = 0;
-      }
-    }
-  }
-
- private:
-  const std::vector<grpc::Slice>& slices_;
-  size_t index_ = 0;
-  size_t position_ = 0;
-  uint64_t left_;
-};
+using wire::SliceCursor;
 
 // One ReadTensorResponse: its `info` when it has one, and its chunk's `offset` and data, which
 // `pieces` show where gRPC received them (in `slices`), so that Download copies each byte once.

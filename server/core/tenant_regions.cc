@@ -49,9 +49,13 @@ class TenantRuntime::RegionPin {
 };
 
 absl::Status TenantRuntime::CheckRegionFits(uint64_t size) const {
-  const uint64_t quota = RegionQuota(quota_);
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckOpen());
+  return RegionFitsLocked(size);
+}
+
+absl::Status TenantRuntime::RegionFitsLocked(uint64_t size) const {
+  const uint64_t quota = RegionQuota(quota_);
   if (regions_.size() >= kMaxRegionsPerTenant) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the tenant has ", regions_.size(), " regions, the most it may hold (",
@@ -82,21 +86,16 @@ absl::StatusOr<RegionInfo> TenantRuntime::AddRegion(std::unique_ptr<SharedMemory
   ASSIGN_OR_RETURN(region->registration,
                    region->context->RegisterHost(memory->data(), memory->size()));
   region->memory = std::move(memory);
+  // Checked again: another region may have been added while this one was registered.
   std::shared_ptr<Region> refused;  // freed after the lock, if it does not fit after all
   absl::MutexLock lock(&mu_);
   absl::Status fits = CheckOpen();
-  const uint64_t quota = RegionQuota(quota_);
-  const uint64_t size = region->info.size_bytes;
-  if (fits.ok() && (regions_.size() >= kMaxRegionsPerTenant || region_bytes_ > quota - size)) {
-    fits = absl::ResourceExhaustedError(absl::StrCat(
-        "a region of ", size, " bytes does not fit quota.max_region_bytes (", quota, " bytes, ",
-        region_bytes_, " in use) or the region limit (", kMaxRegionsPerTenant, ")"));
-  }
+  if (fits.ok()) fits = RegionFitsLocked(region->info.size_bytes);
   if (!fits.ok()) {
     refused = std::move(region);
     return fits;
   }
-  region_bytes_ += size;
+  region_bytes_ += region->info.size_bytes;
   regions_.emplace(region->info.handle, region);
   return region->info;
 }

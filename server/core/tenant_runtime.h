@@ -315,6 +315,9 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
     std::unique_ptr<TenantContext::HostRegistration> registration;
   };
   class RegionPin;  // a transfer's use of a region
+  /// RESOURCE_EXHAUSTED when a region of `size` bytes would pass quota.max_region_bytes or
+  /// kMaxRegionsPerTenant.
+  absl::Status RegionFitsLocked(uint64_t size) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   /// Pins region `handle` for a transfer: NOT_FOUND, or FAILED_PRECONDITION once closed.
   absl::StatusOr<std::unique_ptr<RegionPin>> PinRegion(absl::string_view handle)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -1,9 +1,9 @@
 #include "server/service/transfer_wire.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/proto_buffer_reader.h"
+
+#include "wire/slice_cursor.h"
 
 namespace tessera {
 namespace {
@@ -13,63 +13,8 @@ constexpr uint8_t kInfoTag = (1 << 3) | 2;    // ReadTensorResponse.info, length
 constexpr uint8_t kChunkTag = (2 << 3) | 2;   // WriteTensorRequest.chunk / ReadTensorResponse.chunk
 constexpr uint8_t kOffsetTag = (1 << 3) | 0;  // Chunk.offset, varint
 constexpr uint8_t kDataTag = (2 << 3) | 2;    // Chunk.data, length-delimited
-constexpr int kMaxVarintBytes = 10;
 
-// Reads a message's bytes across its slices, front to back.
-class SliceCursor {
- public:
-  SliceCursor(const std::vector<grpc::Slice>& slices, uint64_t total)
-      : slices_(slices), left_(total) {}
-
-  uint64_t left() const { return left_; }
-
-  bool ReadByte(uint8_t* byte) {
-    if (left_ == 0) return false;
-    while (position_ == slices_[index_].size()) {  // empty or used up: the next one
-      ++index_;
-      position_ = 0;
-    }
-    *byte = slices_[index_].begin()[position_++];
-    --left_;
-    return true;
-  }
-
-  // Protobuf's base-128 varint: at most 10 bytes; false when it does not end in them.
-  bool ReadVarint(uint64_t* value) {
-    *value = 0;
-    for (int i = 0; i < kMaxVarintBytes; ++i) {
-      uint8_t byte = 0;
-      if (!ReadByte(&byte)) return false;
-      *value |= static_cast<uint64_t>(byte & 0x7f) << (7 * i);
-      if ((byte & 0x80) == 0) return true;
-    }
-    return false;
-  }
-
-  // The next `bytes` (at most left()) where they lie, one view per slice they span.
-  void Take(uint64_t bytes, std::vector<absl::string_view>* pieces) {
-    left_ -= bytes;
-    while (bytes > 0) {
-      const grpc::Slice& slice = slices_[index_];
-      const uint64_t n = std::min<uint64_t>(bytes, slice.size() - position_);
-      if (n > 0) {
-        pieces->emplace_back(reinterpret_cast<const char*>(slice.begin()) + position_, n);
-      }
-      position_ += n;
-      bytes -= n;
-      if (position_ == slice.size()) {
-        ++index_;
-        position_ = 0;
-      }
-    }
-  }
-
- private:
-  const std::vector<grpc::Slice>& slices_;
-  size_t index_ = 0;
-  size_t position_ = 0;
-  uint64_t left_;
-};
+using wire::SliceCursor;
 
 absl::Status Malformed(absl::string_view what) { return absl::InvalidArgumentError(what); }
 

@@ -12,9 +12,6 @@
 #include <vector>
 
 #include <cuda.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -25,6 +22,7 @@
 #include "server/common/shared_memory.h"
 #include "tests/testing/context_runner.h"
 #include "tests/testing/fake_cuda/fake_cuda.h"
+#include "tests/testing/region_handover.h"
 
 namespace tessera {
 namespace {
@@ -35,12 +33,8 @@ using ::testing::HasSubstr;
 /// `size` bytes mapped as the server maps a region: a memfd sealed against shrinking,
 /// mapped MAP_SHARED by SharedMemory. Null on failure.
 std::unique_ptr<SharedMemory> MapRegion(uint64_t size) {
-  const int fd = memfd_create("tessera-region-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  const int fd = testing::MakeMemfd(size);
   if (fd < 0) return nullptr;
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
-    close(fd);
-    return nullptr;
-  }
   absl::StatusOr<std::unique_ptr<SharedMemory>> memory = SharedMemory::Map(fd, size);
   EXPECT_TRUE(memory.ok()) << memory.status();
   return memory.ok() ? *std::move(memory) : nullptr;

@@ -33,6 +33,15 @@ TenantRecord Record(const std::string& id) {
   return r;
 }
 
+// Turns the store file at `path` back into what an older server left, by running `sql` on it.
+void RewriteAsOlderServer(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  ASSERT_EQ(rc, SQLITE_OK);
+}
+
 TEST(TenantStoreTest, RoundTripSurvivesReopen) {
   testing::TempDir dir;
   std::string path = dir.File("tenants.db");
@@ -137,17 +146,12 @@ TEST(TenantStoreTest, AVersionOneFileIsMigrated) {
     ASSERT_TRUE(store->Insert(Record("alpha")).ok());
   }
   // As a version-1 server left it: no kernel table, no request quota columns.
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db,
-                         "DROP TABLE tenant_kernels; "
-                         "ALTER TABLE tenants DROP COLUMN max_requests_in_flight; "
-                         "ALTER TABLE tenants DROP COLUMN requests_per_second; "
-                         "ALTER TABLE tenants DROP COLUMN max_region_bytes; "
-                         "PRAGMA user_version = 1",
-                         nullptr, nullptr, nullptr),
-            SQLITE_OK);
-  sqlite3_close(db);
+  RewriteAsOlderServer(path,
+                       "DROP TABLE tenant_kernels; "
+                       "ALTER TABLE tenants DROP COLUMN max_requests_in_flight; "
+                       "ALTER TABLE tenants DROP COLUMN requests_per_second; "
+                       "ALTER TABLE tenants DROP COLUMN max_region_bytes; "
+                       "PRAGMA user_version = 1");
   auto store = TenantStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_THAT(*(*store)->LoadAll(), ElementsAre(Record("alpha")));
@@ -164,16 +168,11 @@ TEST(TenantStoreTest, AVersionTwoFileGainsTheRequestQuotaColumns) {
     auto store = *TenantStore::Open(path);
     ASSERT_TRUE(store->Insert(alpha).ok());
   }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db,
-                         "ALTER TABLE tenants DROP COLUMN max_requests_in_flight; "
-                         "ALTER TABLE tenants DROP COLUMN requests_per_second; "
-                         "ALTER TABLE tenants DROP COLUMN max_region_bytes; "
-                         "PRAGMA user_version = 2",
-                         nullptr, nullptr, nullptr),
-            SQLITE_OK);
-  sqlite3_close(db);
+  RewriteAsOlderServer(path,
+                       "ALTER TABLE tenants DROP COLUMN max_requests_in_flight; "
+                       "ALTER TABLE tenants DROP COLUMN requests_per_second; "
+                       "ALTER TABLE tenants DROP COLUMN max_region_bytes; "
+                       "PRAGMA user_version = 2");
   auto store = TenantStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   std::vector<TenantRecord> loaded = *(*store)->LoadAll();
@@ -194,14 +193,9 @@ TEST(TenantStoreTest, AVersionThreeFileGainsTheRegionQuotaColumn) {
     auto store = *TenantStore::Open(path);
     ASSERT_TRUE(store->Insert(alpha).ok());
   }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db,
-                         "ALTER TABLE tenants DROP COLUMN max_region_bytes; "
-                         "PRAGMA user_version = 3",
-                         nullptr, nullptr, nullptr),
-            SQLITE_OK);
-  sqlite3_close(db);
+  RewriteAsOlderServer(path,
+                       "ALTER TABLE tenants DROP COLUMN max_region_bytes; "
+                       "PRAGMA user_version = 3");
   auto store = TenantStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   std::vector<TenantRecord> loaded = *(*store)->LoadAll();
