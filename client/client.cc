@@ -11,10 +11,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 
+#include "client/host_pages.h"
 #include "client/region_pool.h"
+#include "wire/chunk_prefix.h"
 #include "wire/slice_cursor.h"
 
 namespace tessera {
@@ -27,6 +30,66 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
   buffer << in.rdbuf();
   return buffer.str();
 }
+
+// A streaming call's own completion queue, driven one operation at a time: start an
+// operation with a null tag, then Wait for it. Shut down and drained when it goes.
+class CallQueue {
+ public:
+  CallQueue() = default;
+  CallQueue(const CallQueue&) = delete;
+  CallQueue& operator=(const CallQueue&) = delete;
+  ~CallQueue() {
+    queue_.Shutdown();
+    void* tag = nullptr;
+    for (bool ok = false; queue_.Next(&tag, &ok);) {
+    }
+  }
+  grpc::CompletionQueue* get() { return &queue_; }
+  /// Whether the operation started last succeeded.
+  bool Wait() {
+    void* tag = nullptr;
+    bool ok = false;
+    return queue_.Next(&tag, &ok) && ok;
+  }
+
+ private:
+  grpc::CompletionQueue queue_;
+};
+
+// Slices that refer to a caller's bytes instead of copying them, counted: gRPC may hold a
+// message's slices past the write's completion (until the transport has sent them), so the
+// caller's bytes are its own again only once Returned().
+class LentBytes {
+ public:
+  LentBytes() = default;
+  LentBytes(const LentBytes&) = delete;
+  LentBytes& operator=(const LentBytes&) = delete;
+  ~LentBytes() { WaitReturned(); }
+
+  grpc::Slice Lend(const char* data, size_t n) {
+    {
+      absl::MutexLock lock(&mu_);
+      ++lent_;
+    }
+    // gRPC only reads through it: the slice type is mutable, the bytes are not written.
+    return grpc::Slice(const_cast<char*>(data), n, &LentBytes::Return, this);
+  }
+  /// Blocks until gRPC has released every slice Lend made.
+  void WaitReturned() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* lent) { return *lent == 0; }, &lent_));
+  }
+
+ private:
+  static void Return(void* self) {
+    auto* lent = static_cast<LentBytes*>(self);
+    absl::MutexLock lock(&lent->mu_);
+    --lent->lent_;
+  }
+  absl::Mutex mu_;
+  int lent_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // PATH of a "unix:PATH" or "unix://PATH" address (gRPC's forms); "" for any other.
 std::string UnixSocketPath(absl::string_view address) {
@@ -302,23 +365,50 @@ absl::StatusOr<v1::TensorInfo> Client::Write(const v1::WriteHeader& header, absl
     if (written->ok() && progress) progress(data.size(), data.size());
     return *std::move(written);
   }
+  // The header goes as protobuf writes it; each chunk as its encoded prefix and a slice that
+  // refers to the caller's bytes, which gRPC sends from where they lie: no copy here. `lent`
+  // goes last (declared first): this returns only once gRPC has let go of every such slice.
+  LentBytes lent;
   std::unique_ptr<grpc::ClientContext> context = NewContext();
-  v1::TensorInfo response;
-  auto writer = compute_->WriteTensor(context.get(), &response);
-  v1::WriteTensorRequest message;
-  *message.mutable_header() = header;
-  bool ok = writer->Write(message);
-  for (size_t offset = 0; ok && offset < data.size(); offset += chunk_bytes) {
-    size_t n = std::min(chunk_bytes, data.size() - offset);
-    message.mutable_chunk()->set_offset(offset);
-    message.mutable_chunk()->set_data(data.data() + offset, n);
-    // The chunk is the last use of `message` before the next iteration overwrites it.
-    ok = writer->Write(message, grpc::WriteOptions().set_buffer_hint());
-    if (progress) progress(offset + n, data.size());
+  grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer> stub(channel_);
+  CallQueue queue;
+  auto call = stub.PrepareCall(context.get(), "/tessera.v1.Compute/WriteTensor", queue.get());
+  call->StartCall(nullptr);
+  bool ok = queue.Wait();
+  if (ok) {
+    v1::WriteTensorRequest first;
+    *first.mutable_header() = header;
+    grpc::Slice slice(first.SerializeAsString());
+    call->Write(grpc::ByteBuffer(&slice, 1), nullptr);
+    ok = queue.Wait();
   }
-  writer->WritesDone();
-  grpc::Status status = writer->Finish();
+  for (size_t offset = 0; ok && offset < data.size(); offset += chunk_bytes) {
+    const size_t n = std::min(chunk_bytes, data.size() - offset);
+    std::string prefix;
+    wire::AppendChunkPrefix(offset, n, &prefix);
+    grpc::Slice slices[] = {grpc::Slice(prefix), lent.Lend(data.data() + offset, n)};
+    call->Write(grpc::ByteBuffer(slices, 2), nullptr);
+    ok = queue.Wait();
+    if (ok && progress) progress(offset + n, data.size());
+  }
+  if (ok) {
+    call->WritesDone(nullptr);
+    ok = queue.Wait();
+  }
+  grpc::ByteBuffer reply;
+  if (ok) {
+    call->Read(&reply, nullptr);
+    ok = queue.Wait();
+  }
+  grpc::Status status;
+  call->Finish(&status, nullptr);
+  queue.Wait();
   if (!status.ok()) return FromGrpcStatus(status, *context);
+  v1::TensorInfo response;
+  grpc::ProtoBufferReader reader(&reply);
+  if (!ok || !reader.status().ok() || !response.ParseFromZeroCopyStream(&reader)) {
+    return absl::DataLossError("WriteTensor returned a reply that is not a TensorInfo");
+  }
   return response;
 }
 
@@ -353,13 +443,9 @@ absl::StatusOr<std::string> Client::Download(absl::string_view handle, uint64_t 
   // from there: one copy, where a generated reader would parse each into a string first. One
   // operation at a time on a queue of the call's own, each waited for.
   grpc::TemplatedGenericStub<v1::ReadTensorRequest, grpc::ByteBuffer> stub(channel_);
-  grpc::CompletionQueue queue;
-  auto done = [&queue] {
-    void* tag = nullptr;
-    bool ok = false;
-    return queue.Next(&tag, &ok) && ok;
-  };
-  auto call = stub.PrepareCall(context.get(), "/tessera.v1.Compute/ReadTensor", &queue);
+  CallQueue queue;
+  auto done = [&queue] { return queue.Wait(); };
+  auto call = stub.PrepareCall(context.get(), "/tessera.v1.Compute/ReadTensor", queue.get());
   call->StartCall(nullptr);
   bool open = done();
   if (open) {
@@ -385,7 +471,7 @@ absl::StatusOr<std::string> Client::Download(absl::string_view handle, uint64_t 
     }
     if (reply.info.has_value()) {
       total = length != 0 ? length : reply.info->size_bytes() - offset;
-      bytes.reserve(total);
+      client_internal::ReserveForFill(&bytes, total);
     }
     for (absl::string_view piece : reply.pieces) bytes.append(piece.data(), piece.size());
     if (progress) progress(bytes.size(), total);
@@ -393,10 +479,6 @@ absl::StatusOr<std::string> Client::Download(absl::string_view handle, uint64_t 
   grpc::Status status;
   call->Finish(&status, nullptr);
   done();
-  queue.Shutdown();
-  void* tag = nullptr;
-  for (bool ok = false; queue.Next(&tag, &ok);) {
-  }
   if (!broken.ok()) return broken;
   if (!status.ok()) return FromGrpcStatus(status, *context);
   return bytes;

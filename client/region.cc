@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
+#include "client/host_pages.h"
 #include "client/region_pool.h"
 #include "tessera/client.h"
 
@@ -350,7 +351,12 @@ std::optional<absl::StatusOr<std::string>> Client::ReadThroughRegion(absl::strin
     request.set_length(length);
     request.set_region(lease->region().handle());
     read = ReadTensorIntoRegion(request);
-    if (read.ok()) return std::string(lease->data(), read->bytes());  // the one copy here
+    if (read.ok()) {
+      std::string bytes;
+      client_internal::ReserveForFill(&bytes, read->bytes());
+      bytes.append(lease->data(), read->bytes());  // the one copy here
+      return bytes;
+    }
     const bool forgotten = Forgotten(read.status(), lease->region());
     if (!forgotten && !TooSmall(read.status(), lease->region())) return read.status();
     if (forgotten) lease->region_.reset();  // not given back: unknown to the server

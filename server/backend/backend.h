@@ -108,6 +108,12 @@ class TenantContext {
 
   /// `bytes` of zero-filled memory. RESOURCE_EXHAUSTED when the device has no room.
   virtual absl::StatusOr<std::shared_ptr<DeviceBuffer>> Allocate(uint64_t bytes) = 0;
+  /// `bytes` whose contents are unspecified (possibly another tenant's freed bytes): for a
+  /// caller that writes every byte before anything reads the buffer or it leaves the core (an
+  /// upload's new tensor or staging copy). Saves the zero-fill. The default zero-fills.
+  virtual absl::StatusOr<std::shared_ptr<DeviceBuffer>> AllocateForOverwrite(uint64_t bytes) {
+    return Allocate(bytes);
+  }
   /// Synchronous copies between host memory and a buffer (ranges checked by the caller). They
   /// may run concurrently with jobs and with each other; the caller keeps a buffer being
   /// copied away from jobs that write it. Never called on a gRPC callback thread.

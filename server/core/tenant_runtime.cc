@@ -103,7 +103,8 @@ absl::StatusOr<TenantRuntime::Tensor*> TenantRuntime::FindLiveLocked(absl::strin
 }
 
 absl::StatusOr<std::shared_ptr<DeviceBuffer>> TenantRuntime::AllocateCharged(
-    const kernels::TensorMeta& meta, absl::string_view what, MemoryCharge* from) {
+    const kernels::TensorMeta& meta, absl::string_view what, NewBytes new_bytes,
+    MemoryCharge* from) {
   ASSIGN_OR_RETURN(int64_t size, kernels::ByteSize(meta, "shape"));
   const uint64_t bytes = static_cast<uint64_t>(size);
   MemoryCharge charge;
@@ -117,7 +118,9 @@ absl::StatusOr<std::shared_ptr<DeviceBuffer>> TenantRuntime::AllocateCharged(
     absl::MutexLock lock(&mu_);
     return CheckOpen().ok() ? absl::FailedPreconditionError("the tenant is closed") : CheckOpen();
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<DeviceBuffer> buffer, context->Allocate(bytes));
+  ASSIGN_OR_RETURN(std::shared_ptr<DeviceBuffer> buffer,
+                   new_bytes == NewBytes::kZero ? context->Allocate(bytes)
+                                                : context->AllocateForOverwrite(bytes));
   return ChargedBuffer(std::move(buffer), std::move(charge));
 }
 
@@ -142,7 +145,9 @@ absl::StatusOr<TensorInfo> TenantRuntime::CreateTensor(const kernels::TensorMeta
         "data is ", data.size(), " bytes; ", kernels::MetaString(meta), " needs exactly ", size));
   }
   // Allocate and fill with no lock held; the tensor exists only once it is complete.
-  ASSIGN_OR_RETURN(std::shared_ptr<DeviceBuffer> buffer, AllocateCharged(meta, "requested"));
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<DeviceBuffer> buffer,
+      AllocateCharged(meta, "requested", data.empty() ? NewBytes::kZero : NewBytes::kOverwritten));
   if (!data.empty()) {
     std::shared_ptr<TenantContext> context = ContextOrNull();
     if (context == nullptr) return absl::FailedPreconditionError("the tenant is closed");
@@ -424,8 +429,9 @@ absl::StatusOr<TenantRuntime::Prepared> TenantRuntime::Prepare(const std::vector
     for (size_t k = 0; k < r.steps[i].outputs.size(); ++k) {
       std::shared_ptr<DeviceBuffer> buffer = r.steps[i].outputs[k];
       if (buffer == nullptr) {
-        ASSIGN_OR_RETURN(buffer, AllocateCharged(r.plans[i].outputs[k], "for new outputs",
-                                                 &charge));  // freed with `p` on failure
+        ASSIGN_OR_RETURN(buffer,
+                         AllocateCharged(r.plans[i].outputs[k], "for new outputs", NewBytes::kZero,
+                                         &charge));  // freed with `p` on failure
         p.created.emplace_back(r.plans[i].outputs[k], buffer);
       }
       step.outputs.push_back(std::move(buffer));

@@ -350,10 +350,14 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   /// FindLocked, but DATA_LOSS for a tensor whose memory a context fault destroyed.
   absl::StatusOr<Tensor*> FindLiveLocked(absl::string_view handle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  /// A charged, zero-filled buffer for `meta` (quota first, then the device). With `from`,
-  /// the charge is split from it instead of reserved anew.
+  /// What a new buffer holds: zeros, or whatever (TenantContext::AllocateForOverwrite) for
+  /// a caller that writes every byte before the buffer becomes a tensor.
+  enum class NewBytes { kZero, kOverwritten };
+  /// A charged buffer for `meta` (quota first, then the device). With `from`, the charge is
+  /// split from it instead of reserved anew.
   absl::StatusOr<std::shared_ptr<DeviceBuffer>> AllocateCharged(const kernels::TensorMeta& meta,
                                                                 absl::string_view what,
+                                                                NewBytes bytes,
                                                                 MemoryCharge* from = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
   /// Records a new tensor; returns its info.

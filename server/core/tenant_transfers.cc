@@ -126,8 +126,10 @@ absl::StatusOr<std::unique_ptr<TenantRuntime::Writer>> TenantRuntime::BeginWrite
     info = t->info;
     t->transfers++;
   }
+  // Finish commits only once every byte is written, so the buffer need not be zeroed first.
   absl::StatusOr<std::shared_ptr<DeviceBuffer>> staging = AllocateCharged(
-      info.meta, create.has_value() ? "for the new tensor" : "for the upload's staging copy");
+      info.meta, create.has_value() ? "for the new tensor" : "for the upload's staging copy",
+      NewBytes::kOverwritten);
   if (!staging.ok()) {
     if (!create.has_value()) EndTransfer(info.handle);
     return staging.status();

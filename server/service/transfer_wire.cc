@@ -3,16 +3,17 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 
+#include "wire/chunk_prefix.h"
 #include "wire/slice_cursor.h"
 
 namespace tessera {
 namespace {
 
 // Tags (field number << 3 | wire type) of the fields read and written here.
-constexpr uint8_t kInfoTag = (1 << 3) | 2;    // ReadTensorResponse.info, length-delimited
-constexpr uint8_t kChunkTag = (2 << 3) | 2;   // WriteTensorRequest.chunk / ReadTensorResponse.chunk
-constexpr uint8_t kOffsetTag = (1 << 3) | 0;  // Chunk.offset, varint
-constexpr uint8_t kDataTag = (2 << 3) | 2;    // Chunk.data, length-delimited
+constexpr uint8_t kInfoTag = (1 << 3) | 2;  // ReadTensorResponse.info, length-delimited
+using wire::kChunkTag;
+using wire::kDataTag;
+using wire::kOffsetTag;
 
 using wire::SliceCursor;
 
@@ -21,23 +22,6 @@ absl::Status Malformed(absl::string_view what) { return absl::InvalidArgumentErr
 absl::Status RunsPast(absl::string_view field, uint64_t length, uint64_t left) {
   return Malformed(absl::StrCat(field, "'s length (", length,
                                 " bytes) runs past the message's end (", left, " bytes left)"));
-}
-
-void AppendVarint(uint64_t value, std::string* out) {
-  while (value >= 0x80) {
-    out->push_back(static_cast<char>((value & 0x7f) | 0x80));
-    value >>= 7;
-  }
-  out->push_back(static_cast<char>(value));
-}
-
-uint64_t VarintBytes(uint64_t value) {
-  uint64_t n = 1;
-  while (value >= 0x80) {
-    value >>= 7;
-    ++n;
-  }
-  return n;
 }
 
 }  // namespace
@@ -90,22 +74,10 @@ std::string ReadReplyPrefix(const v1::TensorInfo* info, uint64_t offset, uint64_
   if (info != nullptr) {
     std::string encoded = info->SerializeAsString();
     out.push_back(static_cast<char>(kInfoTag));
-    AppendVarint(encoded.size(), &out);
+    wire::AppendVarint(encoded.size(), &out);
     out += encoded;
   }
-  // Protobuf leaves out proto3 fields that hold their default: a zero offset, empty data.
-  const uint64_t offset_field = offset == 0 ? 0 : 1 + VarintBytes(offset);
-  const uint64_t data_field = data_bytes == 0 ? 0 : 1 + VarintBytes(data_bytes) + data_bytes;
-  out.push_back(static_cast<char>(kChunkTag));
-  AppendVarint(offset_field + data_field, &out);
-  if (offset != 0) {
-    out.push_back(static_cast<char>(kOffsetTag));
-    AppendVarint(offset, &out);
-  }
-  if (data_bytes != 0) {
-    out.push_back(static_cast<char>(kDataTag));
-    AppendVarint(data_bytes, &out);
-  }
+  wire::AppendChunkPrefix(offset, data_bytes, &out);
   return out;
 }
 

@@ -482,7 +482,7 @@ void Streams(Env& env) {
   const size_t chunk = 1 << 20;  // the client library's and server's default chunk
   auto tenant = env.Tenant("stream", uint64_t{1} << 30);
   std::string data = RandomFloats(bytes / sizeof(float));
-  const int reps = static_cast<int>(env.Pick(1, 3));
+  const int reps = static_cast<int>(env.Pick(1, 7));  // interleaved; the median of each
   std::vector<double> up, down, echo_up, echo_down;
   for (int r = 0; r < reps; ++r) {
     // Baseline upload: the same chunking and one copy into each message, as Client::Upload.

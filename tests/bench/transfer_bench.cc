@@ -5,6 +5,8 @@
 // unless TESSERA_REGIONS=off.
 // Usage: TESSERA_ADDR=host:port|unix:PATH TESSERA_TOKEN=key [TESSERA_REGIONS=off]
 //        tessera_transfer_bench [mib] [reps] [chunk_kib]
+// chunk_kib 0 (the default): the library's own chunk sizes (Upload's 1 MiB, the server's
+// default for Download), as a user's call gets them.
 // Prints one line per repetition: "upload_s download_s"; on stderr, at the end, how the bytes
 // moved ("through a region" or "streamed").
 #include <chrono>
@@ -24,7 +26,7 @@ int main(int argc, char** argv) {
   }
   const uint64_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 256;
   const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
-  const size_t chunk = (argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 4096) << 10;
+  const size_t chunk = (argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 0) << 10;
   const char* regions = std::getenv("TESSERA_REGIONS");
   auto client = tessera::Client::Connect(
       {.address = addr,
@@ -45,7 +47,7 @@ int main(int argc, char** argv) {
   spec.add_shape(static_cast<int64_t>(data.size() / 4));
   for (int r = 0; r < reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
-    auto info = (*client)->Upload(spec, data, chunk);
+    auto info = chunk == 0 ? (*client)->Upload(spec, data) : (*client)->Upload(spec, data, chunk);
     auto t1 = std::chrono::steady_clock::now();
     if (!info.ok()) {
       std::fprintf(stderr, "upload: %s\n", info.status().ToString().c_str());

@@ -9,13 +9,14 @@ Usage (from the repository root, after `cmake --build build`):
 
 Starts its own tessera-server (CPU backend) on a free loopback port and a Unix socket. The
 C++ baseline is `tessera_transfer_bench` (tests/bench/transfer_bench.cc):
-tessera::Client::Upload and Download timed in process, with 4 MiB chunks, against the same
-server. Each round times `--reps` Python transfers, then `--reps` C++ ones; the ratios are
-per round (same-run), so that a machine whose load drifts compares like with like. The
-`tessera` CLI is timed too (process start, .npy on /dev/shm, progress bar), for context only
-(`--no-cli` skips it). `--cpp-preload=libtcmalloc_minimal.so.4` runs the C++ bench with
-tcmalloc: with glibc's malloc it returns every freed 4 MiB chunk to the system and faults the
-next one in again, which dominates its download where page faults are expensive (a VM).
+tessera::Client::Upload and Download timed in process, with the library's default chunks (as
+each client's user gets them), against the same server. Each round times `--reps` Python
+transfers, then `--reps` C++ ones; the ratios are per round (same-run), so that a machine
+whose load drifts compares like with like. The `tessera` CLI is timed too (process start,
+.npy on /dev/shm, progress bar), for context only (`--no-cli` skips it).
+`--cpp-preload=libtcmalloc_minimal.so.4` runs the C++ bench with tcmalloc: with glibc's
+malloc, gRPC's receive buffers for 4 MiB messages are returned to the system when freed and
+faulted in again, which dominates such a download where page faults are expensive (a VM).
 
 --regions times instead, over the Unix socket: put and get through the client's region
 (get with copy=True and copy=False), the same over the gRPC streams on the Unix socket
@@ -73,7 +74,7 @@ def cpp_reps(env: Dict[str, str], mib: int, reps: int,
              preload: str = "") -> Tuple[List[float], List[float]]:
     if preload:
         env = dict(env, LD_PRELOAD=preload)
-    out = subprocess.run([CPP_BENCH, str(mib), str(reps), "4096"], env=env, check=True,
+    out = subprocess.run([CPP_BENCH, str(mib), str(reps), "0"], env=env, check=True,
                          capture_output=True, text=True).stdout
     pairs = [tuple(float(x) for x in line.split()) for line in out.splitlines()]
     return [u for u, _ in pairs], [d for _, d in pairs]

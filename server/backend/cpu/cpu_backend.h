@@ -7,13 +7,15 @@
 #include <vector>
 
 #include "server/backend/backend.h"
+#include "server/backend/cpu/host_memory.h"
 #include "server/backend/cpu/scheduler.h"
 
 namespace tessera {
 
 /// The CPU backend: one device ("cpu") whose capacity is a configured amount of host
 /// memory; tenants share a fixed worker pool by weighted fair queueing with their compute
-/// share as the weight. Buffers are host memory.
+/// share as the weight. Buffers are host memory; freed large ones are kept for reuse up to an
+/// eighth of `memory_bytes`, at most kMaxKeptMappingBytes (HostMappingCache).
 class CpuBackend final : public Backend {
  public:
   struct Options {
@@ -26,6 +28,8 @@ class CpuBackend final : public Backend {
     /// Why the CPU backend serves, e.g. "--backend=cpu"; reported in each context.
     std::string reason;
   };
+
+  static constexpr uint64_t kMaxKeptMappingBytes = uint64_t{1} << 30;
 
   explicit CpuBackend(Options options);
   /// Every context must have been destroyed first.
@@ -41,6 +45,7 @@ class CpuBackend final : public Backend {
   const Options options_;
   const std::vector<DeviceInfo> devices_;
   CpuScheduler scheduler_;
+  const std::shared_ptr<HostMappingCache> mappings_;
 };
 
 /// Physical memory of this host in bytes (0 if unknown).

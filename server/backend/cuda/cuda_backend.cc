@@ -162,30 +162,11 @@ class CudaContext final : public TenantContext {
   }
 
   absl::StatusOr<std::shared_ptr<DeviceBuffer>> Allocate(uint64_t bytes) override {
-    absl::StatusOr<std::shared_ptr<Incarnation>> inc = Current();
-    if (!inc.ok()) return inc.status();
-    CUresult r = CUDA_SUCCESS;
-    std::shared_ptr<CudaBuffer> buffer;
-    {
-      absl::MutexLock copy(&copy_mu_);  // the copy stream zero-fills it
-      absl::ReaderMutexLock use(&(*inc)->use_mu);
-      if ((*inc)->context == nullptr) return Lost();
-      ScopedContext scoped(driver_, (*inc)->context);
-      CUdeviceptr ptr = 0;
-      const uint64_t size = std::max<uint64_t>(bytes, 1);
-      r = driver_.cuMemAlloc(&ptr, size);
-      if (r == CUDA_SUCCESS) {
-        buffer = std::make_shared<CudaBuffer>(*inc, ptr, bytes);
-        r = driver_.cuMemsetD8Async(ptr, 0, size, (*inc)->copy.get());
-        if (r == CUDA_SUCCESS) r = driver_.cuStreamSynchronize((*inc)->copy.get());
-      }
-    }
-    if (r != CUDA_SUCCESS) {
-      buffer.reset();
-      return Woken(FailedUnlocked(r, absl::StrCat("allocating ", bytes, " bytes on GPU ", device(),
-                                                  " (and zero-filling it)")));
-    }
-    return std::shared_ptr<DeviceBuffer>(std::move(buffer));
+    return AllocateOnDevice(bytes, /*zero=*/true);
+  }
+
+  absl::StatusOr<std::shared_ptr<DeviceBuffer>> AllocateForOverwrite(uint64_t bytes) override {
+    return AllocateOnDevice(bytes, /*zero=*/false);
   }
 
   // One DMA from `src` when it lies in a registered range (RegisterHost), else staged.
@@ -394,6 +375,36 @@ class CudaContext final : public TenantContext {
   }
 
  private:
+  // A buffer on this context's device; zero-filled on the copy stream when `zero`.
+  absl::StatusOr<std::shared_ptr<DeviceBuffer>> AllocateOnDevice(uint64_t bytes, bool zero) {
+    absl::StatusOr<std::shared_ptr<Incarnation>> inc = Current();
+    if (!inc.ok()) return inc.status();
+    CUresult r = CUDA_SUCCESS;
+    std::shared_ptr<CudaBuffer> buffer;
+    {
+      absl::MutexLockMaybe copy(zero ? &copy_mu_ : nullptr);  // the copy stream zero-fills it
+      absl::ReaderMutexLock use(&(*inc)->use_mu);
+      if ((*inc)->context == nullptr) return Lost();
+      ScopedContext scoped(driver_, (*inc)->context);
+      CUdeviceptr ptr = 0;
+      const uint64_t size = std::max<uint64_t>(bytes, 1);
+      r = driver_.cuMemAlloc(&ptr, size);
+      if (r == CUDA_SUCCESS) {
+        buffer = std::make_shared<CudaBuffer>(*inc, ptr, bytes);
+        if (zero) {
+          r = driver_.cuMemsetD8Async(ptr, 0, size, (*inc)->copy.get());
+          if (r == CUDA_SUCCESS) r = driver_.cuStreamSynchronize((*inc)->copy.get());
+        }
+      }
+    }
+    if (r != CUDA_SUCCESS) {
+      buffer.reset();
+      return Woken(FailedUnlocked(r, absl::StrCat("allocating ", bytes, " bytes on GPU ", device(),
+                                                  zero ? " (and zero-filling it)" : "")));
+    }
+    return std::shared_ptr<DeviceBuffer>(std::move(buffer));
+  }
+
   struct Pending {
     std::shared_ptr<Incarnation> inc;
     Event start, end;  // destroyed with the job, in its context
