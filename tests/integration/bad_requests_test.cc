@@ -534,17 +534,21 @@ TEST_F(BadRequestTest, UndecodableRequestsAreUnimplementedAndTheServerKeepsServi
       grpc::Status s = CallWithBytes(admin_->channel(), method, token, bytes);
       EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << method;
     }
-    // Server streaming: the request is parsed before the handler runs, as for unary calls.
+    // Server streaming: ReadTensor parses its raw request itself and answers as gRPC does for
+    // the others, naming the message.
     grpc::Status read =
         StreamWithBytes(tenant_->channel(), "/tessera.v1.Compute/ReadTensor", key_, {bytes});
     EXPECT_EQ(read.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-    // Client streaming: a message that cannot be parsed ends the reads as a half-close would,
-    // so the upload commits nothing unless every byte had already arrived.
+    EXPECT_THAT(read.error_message(), HasSubstr("tessera.v1.ReadTensorRequest"));
+    // Client streaming: WriteTensor names the message that is not a request and commits
+    // nothing.
     v1::WriteTensorRequest header;
     *header.mutable_header()->mutable_create() = Spec(v1::DTYPE_U8, {4});
     grpc::Status write = StreamWithBytes(tenant_->channel(), "/tessera.v1.Compute/WriteTensor",
                                          key_, {header.SerializeAsString(), bytes});
     EXPECT_EQ(write.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << write.error_message();
+    EXPECT_THAT(write.error_message(),
+                HasSubstr("message 2 of the upload is not a tessera.v1.WriteTensorRequest"));
   }
   auto tensors = tenant_->ListAllTensors();
   ASSERT_TRUE(tensors.ok());
