@@ -71,7 +71,9 @@ TenantRuntime::TenantRuntime(std::string tenant_id, Quota quota,
                                                  static_cast<size_t>(device) + 1, 0),
                                              .stream_in_flight = 1})),
       queue_(scheduler_->AddTenant(device, quota_, ledger_)),
-      context_(std::move(context)) {}
+      context_(std::move(context)) {
+  running_on_stream_.assign(std::max<size_t>(1, quota_.max_streams), 0);
+}
 
 TenantRuntime::~TenantRuntime() { Close("the tenant is gone"); }
 
@@ -252,13 +254,20 @@ struct TenantRuntime::Prepared {
   uint64_t scratch = 0;
 };
 
+uint64_t TenantRuntime::WaitingLocked() const { return queued_ + handed_ahead_; }
+
 absl::Status TenantRuntime::CheckQueueLocked() const {
-  if (queued_ < quota_.max_queued_jobs) return absl::OkStatus();
+  if (WaitingLocked() < quota_.max_queued_jobs) return absl::OkStatus();
+  const std::string ahead =
+      handed_ahead_ == 0
+          ? ""
+          : absl::StrCat(", ", handed_ahead_,
+                         " of them handed to the device behind the job running on its stream");
   return telemetry::WithRefusalReason(
-      absl::ResourceExhaustedError(
-          absl::StrCat("tenant \"", tenant_id_, "\" has ", queued_, " jobs queued (", running_,
-                       " more running); quota.max_queued_jobs is ", quota_.max_queued_jobs,
-                       "; wait for some to finish")),
+      absl::ResourceExhaustedError(absl::StrCat(
+          "tenant \"", tenant_id_, "\" has ", WaitingLocked(), " jobs waiting to start", ahead,
+          " (", running_ - handed_ahead_, " more running); quota.max_queued_jobs is ",
+          quota_.max_queued_jobs, "; wait for some to finish")),
       "queue_depth");
 }
 
@@ -317,9 +326,7 @@ absl::Status TenantRuntime::ResolveLocked(int64_t stream, const std::vector<Laun
     return absl::InvalidArgumentError(
         absl::StrCat("a program has 1..", kMaxProgramSteps, " steps; got ", steps.size()));
   }
-  if (queued_ >= quota_.max_queued_jobs) {
-    return CheckQueueLocked();
-  }
+  if (WaitingLocked() >= quota_.max_queued_jobs) return CheckQueueLocked();
   for (size_t i = 0; i < steps.size(); ++i) {
     const LaunchSpec& spec = steps[i];
     auto fail = [&](const absl::Status& s) {
@@ -504,6 +511,7 @@ void TenantRuntime::Run(const std::shared_ptr<Job>& job, MemoryCharge scratch) {
       job->info.start_time = absl::Now();
       queued_--;
       running_++;
+      if (running_on_stream_[static_cast<size_t>(job->info.stream)]++ > 0) handed_ahead_++;
       context = context_;
       exec = std::move(job->exec);
     }
@@ -552,6 +560,7 @@ void TenantRuntime::Done(const std::shared_ptr<Job>& job, ExecResult result) {
     absl::MutexLock lock(&mu_);
     if (job->info.state != JobState::kRunning) return;
     running_--;
+    if (--running_on_stream_[static_cast<size_t>(job->info.stream)] > 0) handed_ahead_--;
     JobState state = result.status.ok()                 ? JobState::kSucceeded
                      : absl::IsCancelled(result.status) ? JobState::kCancelled
                                                         : JobState::kFailed;

@@ -340,7 +340,11 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   absl::StatusOr<JobInfo> CommitLocked(int64_t stream, absl::Time deadline, Prepared prepared,
                                        const Resolution& resolution, Pins& pins,
                                        JobCallback on_done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  /// RESOURCE_EXHAUSTED when max_queued_jobs are queued.
+  /// Jobs accepted that have not started: queued, or handed to the device behind a job still
+  /// running on their stream (a GPU keeps the next job in flight; the CPU backend never does).
+  uint64_t WaitingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  /// RESOURCE_EXHAUSTED when max_queued_jobs are waiting (WaitingLocked): the same bound on
+  /// every backend.
   absl::Status CheckQueueLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   absl::Status CheckOpen() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -405,6 +409,9 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   uint64_t job_counter_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  // Released jobs not finished, per stream; above 1, the rest wait behind the first.
+  std::vector<uint32_t> running_on_stream_ ABSL_GUARDED_BY(mu_);
+  uint64_t handed_ahead_ ABSL_GUARDED_BY(mu_) = 0;  // sum of (running_on_stream_ - 1)+
   uint64_t succeeded_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
