@@ -227,6 +227,45 @@ TEST_F(ComputeTest, ProgramsChainStepsAndReportTheFailingStep) {
   EXPECT_THAT(tenant_->Submit(forward).status().message(), HasSubstr("not an earlier step"));
 }
 
+// A program's temporaries are reused step after step: 22 in-place matmuls on a 4 MiB tensor
+// need one 4 MiB temporary (plus, on a GPU, cuBLAS's workspace), not 22, and fit a 64 MiB
+// quota on every backend. Each step doubles x, so the result shows that every step read the
+// previous one's output.
+TEST_F(ComputeTest, AProgramsScratchIsItsPeakNotItsSum) {
+  auto tight = Tenant("peak", 64 << 20);
+  constexpr int64_t kRows = 65536, kCols = 16;  // 4 MiB of f32
+  std::vector<float> x(kRows * kCols), w(kCols * kCols, 0);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 3 + 1);
+  for (int64_t i = 0; i < kCols; ++i) w[static_cast<size_t>(i * kCols + i)] = 2;
+  auto xt = tight->Upload(Spec(v1::DTYPE_F32, {kRows, kCols}), Floats(x));
+  auto wt = tight->CreateTensor(Spec(v1::DTYPE_F32, {kCols, kCols}), Floats(w));
+  ASSERT_TRUE(xt.ok()) << xt.status();
+  ASSERT_TRUE(wt.ok()) << wt.status();
+  v1::SubmitRequest program;
+  program.set_wait(true);
+  constexpr int kSteps = 22;
+  for (int i = 0; i < kSteps; ++i) {
+    auto* step = program.add_steps();
+    step->set_kernel("matmul");
+    step->add_inputs()->set_handle(xt->handle());
+    step->add_inputs()->set_handle(wt->handle());
+    step->add_outputs()->set_handle(xt->handle());
+  }
+  auto job = tight->Submit(program);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->error_message();
+  auto back = tight->Download(xt->handle());
+  ASSERT_TRUE(back.ok()) << back.status();
+  const std::vector<float> got = AsFloats(*back);
+  ASSERT_EQ(got.size(), x.size());
+  const float scale = static_cast<float>(1 << kSteps);
+  for (size_t i = 0; i < got.size(); i += 4099) EXPECT_EQ(got[i], x[i] * scale) << i;
+  EXPECT_EQ(got.back(), x.back() * scale);
+  auto usage = tight->GetUsage();
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  EXPECT_LE(usage->memory_peak_bytes(), uint64_t{64} << 20);
+}
+
 TEST_F(ComputeTest, StreamIndexAndKernelErrorsAreInvalidArgument) {
   std::string x = Put({1}, {1});
   v1::LaunchRequest request = Launch("neg", {x});

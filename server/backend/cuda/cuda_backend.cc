@@ -62,6 +62,41 @@ std::string GroupList(const std::vector<int>& groups) {
 
 }  // namespace
 
+// The outputs of `step` that are also its inputs and so are computed into a temporary
+// (none when the kernel is safe in place), largest first: the i-th takes temporary slot i.
+std::vector<size_t> StagedOutputs(const Step& step) {
+  std::vector<size_t> staged;
+  if (AliasSafe(step.plan)) return staged;
+  for (size_t k = 0; k < step.outputs.size(); ++k) {
+    for (const auto& in : step.inputs) {
+      if (in.get() == step.outputs[k].get()) {
+        staged.push_back(k);
+        break;
+      }
+    }
+  }
+  std::stable_sort(staged.begin(), staged.end(), [&](size_t a, size_t b) {
+    return step.outputs[a]->size() > step.outputs[b]->size();
+  });
+  return staged;
+}
+
+// A job's temporaries: slot i is as large as the i-th largest staged output of any step.
+// Steps run in order on one stream and each copies its temporary back before the next
+// starts, so every step reuses the same slots.
+std::vector<uint64_t> TempSlots(const std::vector<Step>& steps) {
+  std::vector<uint64_t> slots;
+  for (const Step& step : steps) {
+    const std::vector<size_t> staged = StagedOutputs(step);
+    if (slots.size() < staged.size()) slots.resize(staged.size(), 0);
+    for (size_t i = 0; i < staged.size(); ++i) {
+      slots[i] =
+          std::max<uint64_t>(slots[i], std::max<uint64_t>(step.outputs[staged[i]]->size(), 1));
+    }
+  }
+  return slots;
+}
+
 class CudaContext final : public TenantContext {
  public:
   /// A job that ended, with its callback and what it held.
@@ -281,21 +316,13 @@ class CudaContext final : public TenantContext {
 
   // In-place temporaries live until the job completes (the GPU runs the steps
   // asynchronously), so they add up over the steps; a matmul needs the cuBLAS workspace.
+  // A job's in-place outputs go through temporaries that later steps reuse in stream order
+  // (TempSlots): the job needs the largest step's, not the sum over its steps.
   uint64_t ScratchBytes(const std::vector<Step>& steps) const override {
     uint64_t total = 0;
     bool blas = false;
-    for (const Step& step : steps) {
-      blas = blas || UsesCublas(step.plan);
-      if (AliasSafe(step.plan)) continue;
-      for (const auto& out : step.outputs) {
-        for (const auto& in : step.inputs) {
-          if (in.get() == out.get()) {
-            total += out->size();
-            break;
-          }
-        }
-      }
-    }
+    for (const Step& step : steps) blas = blas || UsesCublas(step.plan);
+    for (uint64_t slot : TempSlots(steps)) total += slot;
     return total + (blas ? kCublasWorkspaceBytes : 0);
   }
 
@@ -819,8 +846,9 @@ class CudaContext final : public TenantContext {
     const size_t runnable =
         failure.status.ok() ? steps.size() : static_cast<size_t>(failure.failed_step);
     p.result = std::move(failure);
+    const std::vector<uint64_t> slots = TempSlots(steps);
     for (size_t i = 0; i < runnable; ++i) {
-      absl::Status launched = LaunchStep(current, s, steps[i], p.temps);
+      absl::Status launched = LaunchStep(current, s, steps[i], slots, p.temps);
       if (!launched.ok()) {
         p.result = ExecResult{launched, static_cast<int>(i)};
         break;
@@ -844,28 +872,33 @@ class CudaContext final : public TenantContext {
     pending_[static_cast<size_t>(stream) % pending_.size()].push_back(std::move(p));
   }
 
+  // Launches `step` on `s`. An output that is also an input is computed into temporary slot
+  // i (TempSlots: `slots`, allocated into `temps` at first use and reused by later steps in
+  // stream order), then copied back.
   absl::Status LaunchStep(Incarnation& inc, CUstream s, const Step& step,
+                          const std::vector<uint64_t>& slots,
                           std::vector<std::shared_ptr<DeviceBuffer>>& temps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<CUdeviceptr> in, out, staged_to;
+    std::vector<CUdeviceptr> in, out;
+    std::vector<CUdeviceptr> staged_to(step.outputs.size(), 0);
     for (const auto& b : step.inputs) in.push_back(static_cast<const CudaBuffer&>(*b).ptr());
-    const bool alias_safe = AliasSafe(step.plan);
-    for (const auto& b : step.outputs) {
-      CUdeviceptr ptr = static_cast<const CudaBuffer&>(*b).ptr();
-      staged_to.push_back(0);
-      if (!alias_safe && std::find(in.begin(), in.end(), ptr) != in.end()) {
+    for (const auto& b : step.outputs) out.push_back(static_cast<const CudaBuffer&>(*b).ptr());
+    const std::vector<size_t> staged = StagedOutputs(step);
+    for (size_t i = 0; i < staged.size(); ++i) {
+      const size_t k = staged[i];
+      const uint64_t bytes = step.outputs[k]->size();
+      if (i == temps.size()) {
         CUdeviceptr temp = 0;
-        CUresult r = driver_.cuMemAlloc(&temp, std::max<uint64_t>(b->size(), 1));
+        CUresult r = driver_.cuMemAlloc(&temp, slots.at(i));
         if (r != CUDA_SUCCESS) return Failed(r, "allocating a temporary for an in-place launch");
-        auto holder = std::make_shared<CudaBuffer>(current_, temp, b->size());
-        temps.push_back(holder);
-        // matmul's beta reads the output's prior contents.
-        r = driver_.cuMemcpyDtoDAsync(temp, ptr, b->size(), s);
-        if (r != CUDA_SUCCESS) return Failed(r, "staging an in-place launch");
-        staged_to.back() = ptr;
-        ptr = temp;
+        temps.push_back(std::make_shared<CudaBuffer>(current_, temp, slots[i]));
       }
-      out.push_back(ptr);
+      const CUdeviceptr temp = static_cast<const CudaBuffer&>(*temps[i]).ptr();
+      // matmul's beta reads the output's prior contents.
+      CUresult r = driver_.cuMemcpyDtoDAsync(temp, out[k], bytes, s);
+      if (r != CUDA_SUCCESS) return Failed(r, "staging an in-place launch");
+      staged_to[k] = out[k];
+      out[k] = temp;
     }
     if (UsesCublas(step.plan) && !inc.blas) {
       cublasStatus_t created = inc.blas.Create(driver_, kCublasWorkspaceBytes);
