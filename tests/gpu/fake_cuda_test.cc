@@ -518,6 +518,41 @@ TEST_F(FakeCudaTest, AnInPlaceLaunchThatCannotAliasIsStagedThroughATemporary) {
   }
 }
 
+// The host's work per job, counted in driver calls (each one the real driver's host path too):
+// a single launch and a 10-step program. The budgets are today's counts; a change that adds
+// calls to the job path fails here and has to say why (docs/benchmarks.md, "Host work per
+// job"). Counted over 20 jobs after a warm-up one, so one-time work (loading, the first
+// cuBLAS call) stays out.
+TEST_F(FakeCudaTest, AJobsDriverCallsStayWithinTheirBudget) {
+  Cuda();
+  auto context = Context("counted", 25);
+  ASSERT_NE(context, nullptr);
+  const int64_t n = 1024;
+  auto add =
+      *kernels::Registry::Global().Prepare("add", {{DType::kF32, {n}}, {DType::kF32, {n}}}, {});
+  auto a = *context->Allocate(n * 4), b = *context->Allocate(n * 4), y = *context->Allocate(n * 4);
+  const std::vector<Step> launch = {Step{add, {a, b}, {y}}};
+  const std::vector<Step> program(10, Step{add, {a, b}, {y}});
+  constexpr int kJobs = 20;
+  auto per_job = [&](const std::vector<Step>& steps, std::string* breakdown) {
+    EXPECT_TRUE(RunJob(*context, steps).ok());  // warm-up
+    const long before = fake_->Calls();
+    for (int i = 0; i < kJobs; ++i) EXPECT_TRUE(RunJob(*context, steps).ok());
+    const long calls = fake_->Calls(breakdown) - before;
+    return static_cast<double>(calls) / kJobs;
+  };
+  std::string launch_calls, program_calls;
+  const double per_launch = per_job(launch, &launch_calls);
+  const double per_program = per_job(program, &program_calls);
+  std::printf("driver calls per job: launch %.1f, 10-step program %.1f\n", per_launch, per_program);
+  // Measured 2026-11-28: a launch 16.6-17.0 (two events created, recorded, queried and
+  // destroyed, their elapsed time, a host function, the kernel, three context pushes and
+  // pops), a 10-step program 26.0 (the same, with ten kernels).
+  constexpr double kLaunchBudget = 17.5, kProgramBudget = 26.5;
+  EXPECT_LE(per_launch, kLaunchBudget) << "calls so far, by entry point:\n" << launch_calls;
+  EXPECT_LE(per_program, kProgramBudget) << "calls so far, by entry point:\n" << program_calls;
+}
+
 // ---- a real server process on the fake GPU --------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<Client>> ConnectTo(const testing::ServerProcess& server,

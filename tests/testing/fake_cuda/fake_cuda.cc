@@ -1667,13 +1667,36 @@ struct Entry {
   const char* name;
   void* fn;
   bool green;
+  std::atomic<long>* calls;  // since the last reset
 };
 
-// Each fake is checked against the CUDA 13 prototype it stands for.
-#define FAKE_ENTRY(name) \
-  Entry { #name, reinterpret_cast < void*>(static_cast <decltype(&::name)>(&Fake_##name)), false }
-#define FAKE_GREEN(name) \
-  Entry { #name, reinterpret_cast < void*>(static_cast <decltype(&::name)>(&Fake_##name)), true }
+// What cuGetProcAddress hands out: the fake, behind a counter of its calls (per entry point,
+// so that a test can count the driver calls a job makes; tessera_fake_cuda_calls).
+template <auto Fn>
+struct Counted;
+template <typename R, typename... Args, R (*Fn)(Args...)>
+struct Counted<Fn> {
+  static inline std::atomic<long> calls{0};
+  static R Call(Args... args) {
+    calls.fetch_add(1, std::memory_order_relaxed);
+    return Fn(args...);
+  }
+};
+
+// Each fake is checked against the CUDA 13 prototype it stands for. (`name` is pasted, never
+// passed on to another macro: cuda.h defines some names as macros of their versioned ones.)
+#define FAKE_ENTRY(name)                                                                           \
+  Entry {                                                                                          \
+#name,                                                                                         \
+        reinterpret_cast < void*>(&Counted <static_cast <decltype(&::name)>(&Fake_##name)>::Call), \
+        false, &Counted < static_cast < decltype(&::name)>(&Fake_##name)> ::calls                  \
+  }
+#define FAKE_GREEN(name)                                                                           \
+  Entry {                                                                                          \
+#name,                                                                                         \
+        reinterpret_cast < void*>(&Counted <static_cast <decltype(&::name)>(&Fake_##name)>::Call), \
+        true, &Counted < static_cast < decltype(&::name)>(&Fake_##name)> ::calls                   \
+  }
 
 const std::vector<Entry>& Entries() {
   static const std::vector<Entry> entries = {
@@ -1809,9 +1832,25 @@ FAKE_EXPORT void tessera_fake_cuda_reset() {
   g.poisoned = CUDA_SUCCESS;  // a new process, as far as the next contexts are concerned
   g.host_copies = FakeCudaHostCopies{};
   g_misuses.store(0);
+  for (const Entry& e : Entries()) e.calls->store(0);
   std::lock_guard<std::mutex> device_lock(g_device_error_mu);
   g_device_errors = 0;
   g_device_error.clear();
+}
+
+FAKE_EXPORT long tessera_fake_cuda_calls(char* text, int size) {
+  std::string report;
+  long total = 0;
+  for (const Entry& e : Entries()) {
+    const long n = e.calls->load();
+    if (n == 0) continue;
+    total += n;
+    report += std::string(e.name) + " " + std::to_string(n) + "\n";
+  }
+  if (text != nullptr && size > 0) {
+    std::snprintf(text, static_cast<size_t>(size), "%s", report.c_str());
+  }
+  return total;
 }
 
 FAKE_EXPORT void tessera_fake_cuda_new_process() {

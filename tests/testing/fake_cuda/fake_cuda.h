@@ -82,6 +82,7 @@ inline constexpr char kFakeCudaFailSymbol[] = "tessera_fake_cuda_fail";
 inline constexpr char kFakeCudaDeviceErrorsSymbol[] = "tessera_fake_cuda_device_errors";
 inline constexpr char kFakeCudaNewProcessSymbol[] = "tessera_fake_cuda_new_process";
 inline constexpr char kFakeCudaHostCopiesSymbol[] = "tessera_fake_cuda_host_copies";
+inline constexpr char kFakeCudaCallsSymbol[] = "tessera_fake_cuda_calls";
 /// Misuses since the last reset.
 using FakeCudaMisusesFn = int (*)();
 /// Fills `*out` for `kind` (a FakeCudaKind); false for another number.
@@ -109,6 +110,9 @@ using FakeCudaDeviceErrorsFn = int (*)(char* last, int size);
 using FakeCudaNewProcessFn = void (*)();
 /// Fills `*out` with the host copies counted since the last reset.
 using FakeCudaHostCopiesFn = void (*)(FakeCudaHostCopies* out);
+/// Driver calls (through the entry points cuGetProcAddress handed out) since the last reset;
+/// one "name count" line per entry point called to `text`, truncated to `size` bytes.
+using FakeCudaCallsFn = long (*)(char* text, int size);
 
 // For the fake cuBLAS (fake_cublas.cc), declared there with the driver's types:
 //   int tessera_fake_cuda_stream_context(CUstream, CUcontext* out)
@@ -142,9 +146,10 @@ class FakeCudaDriver {
         reinterpret_cast<FakeCudaNewProcessFn>(dlsym(handle, kFakeCudaNewProcessSymbol));
     fake.host_copies_ =
         reinterpret_cast<FakeCudaHostCopiesFn>(dlsym(handle, kFakeCudaHostCopiesSymbol));
+    fake.calls_ = reinterpret_cast<FakeCudaCallsFn>(dlsym(handle, kFakeCudaCallsSymbol));
     if (fake.misuses_ == nullptr || fake.tally_ == nullptr || fake.leaks_ == nullptr ||
         fake.reset_ == nullptr || fake.fail_ == nullptr || fake.device_errors_ == nullptr ||
-        fake.new_process_ == nullptr || fake.host_copies_ == nullptr) {
+        fake.new_process_ == nullptr || fake.host_copies_ == nullptr || fake.calls_ == nullptr) {
       return std::nullopt;
     }
     return fake;
@@ -161,6 +166,7 @@ class FakeCudaDriver {
     device_errors_ = other.device_errors_;
     new_process_ = other.new_process_;
     host_copies_ = other.host_copies_;
+    calls_ = other.calls_;
     return *this;
   }
   ~FakeCudaDriver() {
@@ -189,6 +195,13 @@ class FakeCudaDriver {
     host_copies_(&copies);
     return copies;
   }
+  /// Driver calls since the last reset; `by_entry` (optional) says which ("name count" lines).
+  long Calls(std::string* by_entry = nullptr) const {
+    char text[8192] = {};
+    const long calls = calls_(text, sizeof(text));
+    if (by_entry != nullptr) *by_entry = text;
+    return calls;
+  }
   /// See FakeCudaDeviceErrorsFn.
   int DeviceErrors(std::string* last) const {
     char text[2048] = {};
@@ -216,6 +229,7 @@ class FakeCudaDriver {
   FakeCudaDeviceErrorsFn device_errors_ = nullptr;
   FakeCudaNewProcessFn new_process_ = nullptr;
   FakeCudaHostCopiesFn host_copies_ = nullptr;
+  FakeCudaCallsFn calls_ = nullptr;
 };
 
 }  // namespace tessera::testing
