@@ -37,6 +37,8 @@ constexpr uint64_t kStagingBytes = 8ull << 20;
 // cuBLAS's workspace, ours so that its size is known and charged to the tenant: a job with a
 // matmul reserves it from the tenant's quota (32 MiB is what cuBLAS itself takes on Hopper).
 constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;
+// Timing events kept per context for reuse: two per job in flight, with room to spare.
+constexpr size_t kSpareEvents = 64;
 // Tenant-defined kernels loaded per context at most (the least recently launched one not in
 // use is unloaded to make room).
 constexpr size_t kMaxUserModules = 256;
@@ -447,6 +449,14 @@ class CudaContext final : public TenantContext {
     if (r == CUDA_SUCCESS) event = Event(driver_, e);
     return r;
   }
+  // A job's timing event: a finished job's, or a new one (in `inc`'s context, current).
+  CUresult TakeEvent(Incarnation& inc, Event& event) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (inc.spare_events.empty()) return CreateEvent(event, CU_EVENT_DEFAULT);
+    event = std::move(inc.spare_events.back());
+    inc.spare_events.pop_back();
+    return CUDA_SUCCESS;
+  }
+
   static void Abandon(Pending& p) {
     p.start.Abandon();
     p.end.Abandon();
@@ -834,8 +844,8 @@ class CudaContext final : public TenantContext {
     p.inc = *inc;
     p.done = std::move(done);
     CUstream s = current.streams.at(static_cast<size_t>(stream) % current.streams.size()).get();
-    CUresult r = CreateEvent(p.start, CU_EVENT_DEFAULT);
-    if (r == CUDA_SUCCESS) r = CreateEvent(p.end, CU_EVENT_DEFAULT);
+    CUresult r = TakeEvent(current, p.start);
+    if (r == CUDA_SUCCESS) r = TakeEvent(current, p.end);
     if (r == CUDA_SUCCESS) r = driver_.cuEventRecord(p.start.get(), s);
     if (r != CUDA_SUCCESS) {
       absl::Status status = Failed(r, "starting a job");
@@ -955,8 +965,13 @@ class CudaContext final : public TenantContext {
             busy_ += p.result.run_time;
           }
         }
-        p.start.Reset();
-        p.end.Reset();
+        for (Event* e : {&p.start, &p.end}) {
+          if (p.inc->spare_events.size() < kSpareEvents) {
+            p.inc->spare_events.push_back(std::move(*e));
+          } else {
+            e->Reset();
+          }
+        }
         finished.push_back(
             {std::move(p.done), std::move(p.result), std::move(p.steps), std::move(p.temps)});
         queue.pop_front();

@@ -44,6 +44,7 @@ void Incarnation::Destroy() {
   {
     ScopedContext scoped(*driver, context);
     user_modules.clear();
+    spare_events.clear();
     blas.Reset();
     for (int i = 0; i < 2; ++i) {
       staging[i].Reset();

@@ -127,6 +127,9 @@ struct Incarnation {
   BlasHandle blas;              // created by the first matmul
   PinnedMemory staging[2];      // transfer staging, allocated by the first copy
   Event staging_done[2];
+  // Finished jobs' timing events, for the next jobs (two cuEventCreate and two
+  // cuEventDestroy fewer per job); guarded by the owning CudaContext's mu_.
+  std::vector<Event> spare_events;
   // Tenant-defined kernels loaded here, by program hash (loaded on first use, unloaded when
   // too many or with the context); guarded by the owning CudaContext's mu_.
   std::map<std::string, UserModule> user_modules;
