@@ -1,29 +1,44 @@
 // Clients on the same node: the Unix-socket listener and shared-memory regions (a memfd
 // handed over by descriptor; docs/api.md). Every test runs on each backend under test.
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
 
+#include "tessera/npy.h"
 #include "tests/testing/region_handover.h"
 #include "tests/testing/server_fixture.h"
+
+extern char** environ;
 
 namespace tessera {
 namespace {
@@ -60,13 +75,96 @@ std::string ListFds(pid_t pid) {
   return out;
 }
 
-// Mappings of memfds in the server process now.
-int CountMemfdMaps(pid_t pid) {
+// Mappings of memfds named `name` (the tests' own by default; "" for every memfd) in the
+// server process now.
+int CountMemfdMaps(pid_t pid, const std::string& name = "tessera-test") {
   std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
   std::string line;
   int n = 0;
-  while (std::getline(maps, line)) n += absl::StrContains(line, "/memfd:tessera-test");
+  while (std::getline(maps, line)) n += absl::StrContains(line, "/memfd:" + name);
   return n;
+}
+
+// Starts the tessera CLI with `args` and `env` (added to this process's environment) as a
+// client process of its own: stdin `stdin_fd` (/dev/null when -1), stdout and stderr into the
+// file `log`. Returns its pid, or -1.
+pid_t StartCli(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+               int stdin_fd, const std::string& log) {
+  std::map<std::string, std::string> all;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) all[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  for (const auto& [k, v] : env) all[k] = v;
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : all) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv = {testing::CliBinary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> argp;
+  for (std::string& a : argv) argp.push_back(a.data());
+  argp.push_back(nullptr);
+  const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int in = stdin_fd >= 0 ? stdin_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (out < 0 || in < 0) return -1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls until exec.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(in, 0);
+    dup2(out, 1);
+    dup2(out, 2);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execve(argp[0], argp.data(), envp.data());
+    _exit(127);
+  }
+  close(out);
+  if (in != stdin_fd) close(in);
+  return pid;
+}
+
+// Reaps `pid` if it exits within `timeout`: its wait status, or nullopt while it runs.
+std::optional<int> WaitFor(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0 && errno != EINTR) return -1;
+    if (absl::Now() >= deadline) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+}
+
+// Sends all of `data` into the socket `fd` by `deadline`; false when the reader is gone or
+// does not take it in time (never SIGPIPE, never blocked past the deadline).
+bool SendAll(int fd, absl::string_view data, absl::Time deadline) {
+  while (!data.empty()) {
+    const ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0) return false;
+    pollfd p{fd, POLLOUT, 0};
+    poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 100)));
+  }
+  return true;
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 class RegionsTest : public testing::ServerTest {
@@ -593,6 +691,181 @@ TEST_F(RegionsTest, UnregisteringDuringTransfersNeverUnmapsUnderThem) {
   EXPECT_EQ(Usage(key).regions(), 0u);
   EXPECT_EQ(CountMemfdMaps(server_->pid()), 0);
   Unmap(region);
+}
+
+// A client process (the CLI, `tessera tensor put`, over the Unix socket) killed with SIGKILL
+// in the middle of a transfer through its region: first while it fills the region from a pipe
+// (half the bytes in: deterministic), then as soon as the server copies out of it
+// (WriteTensorFromRegion; when the poll misses that, the put ends on its own first). Either
+// way the server goes on serving; the dead client's region stays registered, as documented (a
+// region lives until its tenant unregisters it), until the tenant unregisters it; then the
+// server holds no more descriptors or memfd mappings than before, the region quota is whole
+// again, and no tensor was left half written.
+TEST_F(RegionsTest, AClientKilledDuringARegionTransferLeavesNothingBehind) {
+  const std::string key = MustRegister("alpha");  // 1 GiB, also the region quota
+  // The tenant seen from outside the socket (TCP), and the test's connections open before
+  // the counts.
+  std::unique_ptr<Client> tenant = ClientWith(key);
+  ASSERT_TRUE(tenant->GetUsage().ok());
+  Usage(key);
+  const pid_t server = server_->pid();
+  const int fds_before = CountFds(server);
+  const int maps_before = CountMemfdMaps(server, "");
+  ASSERT_GE(fds_before, 0);
+
+  // 128 MiB of f32 whose 32-bit words count up: a tensor made of a part of them is told apart.
+  const int64_t n = int64_t{32} << 20;
+  std::string data(static_cast<size_t>(n) * 4, '\0');
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t word = static_cast<uint32_t>(i);
+    std::memcpy(data.data() + i * 4, &word, 4);
+  }
+  absl::StatusOr<std::string> header = FormatNpyHeader(v1::DTYPE_F32, {n});
+  ASSERT_TRUE(header.ok()) << header.status();
+  const std::string file = dir_.File("big.npy");
+  {
+    std::ofstream out(file, std::ios::binary);
+    out << *header << data;
+    ASSERT_TRUE(out.good());
+  }
+  const std::map<std::string, std::string> env = {{"TESSERA_ADDR", "unix:" + socket_},
+                                                  {"TESSERA_TOKEN", key}};
+
+  for (const bool from_pipe : {true, false}) {
+    SCOPED_TRACE(from_pipe ? "killed while it fills its region from a pipe"
+                           : "killed while the server copies out of its region");
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    const std::string log = dir_.File(from_pipe ? "pipe.log" : "file.log");
+    int sockets[2] = {-1, -1};
+    pid_t pid = -1;
+    if (from_pipe) {
+      ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets), 0);
+      pid = StartCli({"tensor", "put", "-"}, env, sockets[0], log);
+      close(sockets[0]);
+    } else {
+      pid = StartCli({"tensor", "put", file}, env, -1, log);
+    }
+    ASSERT_GT(pid, 0);
+    std::optional<int> status;  // once reaped
+    absl::Cleanup reap = [&] {
+      if (sockets[1] >= 0) close(sockets[1]);
+      if (!status.has_value()) {
+        kill(pid, SIGKILL);
+        WaitFor(pid, absl::Seconds(10));
+      }
+    };
+
+    bool killed = false;
+    if (from_pipe) {
+      // The header, then half the data: the CLI has registered its region by then and copies
+      // what comes into it; it waits for the rest when it is killed.
+      ASSERT_TRUE(SendAll(sockets[1], *header, deadline)) << ReadText(log);
+      ASSERT_TRUE(SendAll(sockets[1], absl::string_view(data).substr(0, data.size() / 2), deadline))
+          << ReadText(log);
+      absl::StatusOr<v1::ListRegionsResponse> regions;
+      while (absl::Now() < deadline) {
+        regions = tenant->ListRegions();
+        if (!regions.ok() || regions->regions_size() > 0) break;
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+      ASSERT_TRUE(regions.ok()) << regions.status();
+      ASSERT_EQ(regions->regions_size(), 1) << ReadText(log);
+      EXPECT_GE(regions->regions(0).size_bytes(), data.size());
+      EXPECT_EQ(regions->regions(0).transfers(), 0u);  // the client is still filling it
+      EXPECT_GE(CountMemfdMaps(server, "tessera-region"), 1);
+      ASSERT_EQ(kill(pid, SIGKILL), 0);
+      killed = true;
+    } else {
+      while (absl::Now() < deadline && !status.has_value()) {
+        status = WaitFor(pid, absl::ZeroDuration());
+        if (status.has_value()) break;
+        absl::StatusOr<v1::ListRegionsResponse> regions = tenant->ListRegions();
+        ASSERT_TRUE(regions.ok()) << regions.status();
+        bool copying = false;
+        for (const v1::Region& r : regions->regions()) copying |= r.transfers() > 0;
+        if (copying) {
+          ASSERT_EQ(kill(pid, SIGKILL), 0);
+          killed = true;
+          break;
+        }
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
+    if (!status.has_value()) status = WaitFor(pid, absl::Seconds(10));
+    ASSERT_TRUE(status.has_value()) << "the CLI is still running\n" << ReadText(log);
+    if (from_pipe) {
+      EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) << *status;
+    } else {
+      // Killed, or done just before the signal (or before the poll saw the copy).
+      EXPECT_TRUE((WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) ||
+                  (WIFEXITED(*status) && WEXITSTATUS(*status) == 0))
+          << *status << " " << ReadText(log);
+    }
+    RecordProperty(from_pipe ? "pipe_round" : "file_round",
+                   killed ? "killed" : "finished before the kill");
+
+    // The server is up and serves, over the socket and over TCP.
+    EXPECT_TRUE(admin_->GetServerInfo().ok());
+    EXPECT_EQ(Usage(key).memory_quota_bytes(), kGiB);
+
+    // The dead client's region is still the tenant's (it lives until unregistered); a copy
+    // out of it, if one runs, keeps it until the copy ends (FAILED_PRECONDITION till then).
+    absl::StatusOr<v1::ListRegionsResponse> left = tenant->ListRegions();
+    ASSERT_TRUE(left.ok()) << left.status();
+    if (from_pipe) {
+      EXPECT_EQ(left->regions_size(), 1);
+    }
+    EXPECT_LE(left->regions_size(), 1);
+    for (const v1::Region& r : left->regions()) {
+      absl::StatusOr<uint64_t> released = tenant->UnregisterRegion(r.handle());
+      while (absl::IsFailedPrecondition(released.status()) && absl::Now() < deadline) {
+        EXPECT_THAT(released.status().message(), HasSubstr("in use by"));
+        absl::SleepFor(absl::Milliseconds(5));
+        released = tenant->UnregisterRegion(r.handle());
+      }
+      ASSERT_TRUE(released.ok()) << released.status();
+      EXPECT_EQ(*released, r.size_bytes());
+    }
+    v1::Usage usage = Usage(key);
+    EXPECT_EQ(usage.regions(), 0u);
+    EXPECT_EQ(usage.region_bytes(), 0u);
+
+    // No tensor half written: none from the pipe (its bytes never all came); from the file
+    // none, or the whole one when the server's copy had begun.
+    absl::StatusOr<std::vector<v1::TensorInfo>> tensors = tenant->ListAllTensors();
+    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    RecordProperty(from_pipe ? "pipe_round_tensors" : "file_round_tensors",
+                   static_cast<int>(tensors->size()));
+    if (from_pipe) {
+      EXPECT_EQ(tensors->size(), 0u);
+    }
+    EXPECT_LE(tensors->size(), 1u);
+    for (const v1::TensorInfo& t : *tensors) {
+      EXPECT_EQ(t.size_bytes(), data.size());
+      ASSERT_EQ(t.shape_size(), 1);
+      EXPECT_EQ(t.shape(0), n);
+      absl::StatusOr<std::string> head = tenant->Download(t.handle(), 0, 4096);
+      absl::StatusOr<std::string> tail = tenant->Download(t.handle(), data.size() - 4096, 4096);
+      ASSERT_TRUE(head.ok() && tail.ok()) << head.status() << " " << tail.status();
+      EXPECT_EQ(*head, data.substr(0, 4096));
+      EXPECT_EQ(*tail, data.substr(data.size() - 4096));
+      EXPECT_TRUE(tenant->DeleteTensor(t.handle()).ok());
+    }
+    usage = Usage(key);
+    EXPECT_EQ(usage.tensors(), 0u);
+    EXPECT_EQ(usage.memory_used_bytes(), 0u);
+
+    // Nothing the dead client had is held any more: its connection is closed and its memfd
+    // unmapped (the server notices the closed connection on its own, so this is polled).
+    const absl::Time settle = absl::Now() + absl::Seconds(10);
+    while ((CountFds(server) != fds_before || CountMemfdMaps(server, "") != maps_before) &&
+           absl::Now() < settle) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(CountFds(server), fds_before) << ListFds(server);
+    EXPECT_EQ(CountMemfdMaps(server, ""), maps_before);
+    EXPECT_EQ(CountMemfdMaps(server, "tessera-region"), 0);
+  }
 }
 
 TEST_F(RegionsTest, DeregisteringATenantAndStoppingTheServerReleaseRegions) {
