@@ -69,6 +69,12 @@ bool UsesCublas(const kernels::Plan& plan);
 /// Enqueues `plan` on the target's stream. Buffers are device pointers with the plan's metas,
 /// inputs then outputs; no output overlaps an input unless AliasSafe. Errors are the
 /// launch's (asynchronous faults surface later on the stream).
+///
+/// Threads and locks: called by CudaContext::LaunchStep with the context's `mu_` held and
+/// its context current, on the thread that enqueues the job (no other lock of the core or
+/// the backend is held). It takes no lock itself, but it may block: the driver or cuBLAS can
+/// wait for the device (a queue full of launches, a kernel or cuBLAS module loaded at first
+/// use), and the context's `mu_` stays held meanwhile.
 absl::Status RunStep(const LaunchTarget& target, const kernels::Plan& plan,
                      const std::vector<CUdeviceptr>& inputs,
                      const std::vector<CUdeviceptr>& outputs);
