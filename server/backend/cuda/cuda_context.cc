@@ -236,8 +236,8 @@ absl::Status CudaContext::CopyOut(const DeviceBuffer& src, uint64_t offset, void
       }));
 }
 
-absl::StatusOr<std::unique_ptr<TenantContext::HostRegistration>> CudaContext::RegisterHost(void* base,
-                                                                            uint64_t bytes) {
+absl::StatusOr<std::unique_ptr<TenantContext::HostRegistration>> CudaContext::RegisterHost(
+    void* base, uint64_t bytes) {
   const std::string what = absl::StrCat("registering ", bytes, " bytes of host memory with tenant ",
                                         request_.tenant_id, "'s GPU context (cuMemHostRegister)");
   const auto start = reinterpret_cast<uintptr_t>(base);
