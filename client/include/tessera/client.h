@@ -121,7 +121,8 @@ class Client {
   absl::StatusOr<v1::TensorInfo> CreateTensor(const v1::TensorSpec& spec,
                                               absl::string_view data = "");
   /// Streams `data` into a new tensor in chunks of `chunk_bytes` (through a region instead
-  /// with ClientOptions::use_regions: one copy into it, no chunks).
+  /// with ClientOptions::use_regions: one copy into it, no chunks). Streamed, each chunk is
+  /// sent from `data` where it lies, never copied; `data` is read until the call returns.
   absl::StatusOr<v1::TensorInfo> Upload(const v1::TensorSpec& spec, absl::string_view data,
                                         size_t chunk_bytes = 1 << 20,
                                         const Progress& progress = nullptr);
