@@ -31,7 +31,6 @@
 
 #include <cblas.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "absl/strings/ascii.h"
@@ -45,6 +44,7 @@
 #include "grpcpp/grpcpp.h"
 
 #include "Eigen/Core"
+#include "client/host_pages.h"
 #include "tessera/client.h"
 #include "tests/bench/echo.grpc.pb.h"
 #include "tests/bench/echo_server.h"
@@ -234,16 +234,10 @@ std::string RandomFloats(size_t n) {
   return std::string(reinterpret_cast<const char*>(v.data()), n * sizeof(float));
 }
 
-// `bytes` copied into a string whose whole 2 MiB pages are advised MADV_HUGEPAGE before the
-// copy touches them.
+// `bytes` copied into a string on huge pages, as the client library fills its results.
 std::string HugePaged(const std::string& bytes) {
   std::string out;
-  out.reserve(bytes.size());
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const auto begin = reinterpret_cast<uintptr_t>(out.data());
-  const uintptr_t first = (begin + kHuge - 1) / kHuge * kHuge;
-  const uintptr_t last = (begin + bytes.size()) / kHuge * kHuge;
-  if (last > first) (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+  client_internal::ReserveForFill(&out, bytes.size());
   out.append(bytes);
   return out;
 }

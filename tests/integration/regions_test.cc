@@ -18,7 +18,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -37,8 +36,6 @@
 #include "tessera/npy.h"
 #include "tests/testing/region_handover.h"
 #include "tests/testing/server_fixture.h"
-
-extern char** environ;
 
 namespace tessera {
 namespace {
@@ -90,42 +87,13 @@ int CountMemfdMaps(pid_t pid, const std::string& name = "tessera-test") {
 // file `log`. Returns its pid, or -1.
 pid_t StartCli(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
                int stdin_fd, const std::string& log) {
-  std::map<std::string, std::string> all;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    const size_t eq = entry.find('=');
-    if (eq != std::string::npos) all[entry.substr(0, eq)] = entry.substr(eq + 1);
-  }
-  for (const auto& [k, v] : env) all[k] = v;
-  std::vector<std::string> env_strings;
-  for (const auto& [k, v] : all) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (std::string& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
   std::vector<std::string> argv = {testing::CliBinary()};
   argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> argp;
-  for (std::string& a : argv) argp.push_back(a.data());
-  argp.push_back(nullptr);
   const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  const int in = stdin_fd >= 0 ? stdin_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (out < 0 || in < 0) return -1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    // Only async-signal-safe calls until exec.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(in, 0);
-    dup2(out, 1);
-    dup2(out, 2);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execve(argp[0], argp.data(), envp.data());
-    _exit(127);
-  }
+  if (out < 0) return -1;
+  absl::StatusOr<pid_t> pid = testing::StartProcess(argv, env, stdin_fd, out);
   close(out);
-  if (in != stdin_fd) close(in);
-  return pid;
+  return pid.ok() ? *pid : -1;
 }
 
 // Reaps `pid` if it exits within `timeout`: its wait status, or nullopt while it runs.

@@ -27,42 +27,15 @@ namespace {
 // Starts argv[0] with stdout+stderr on a pipe; returns the pid and the read end.
 absl::Status Spawn(const std::vector<std::string>& argv,
                    const std::map<std::string, std::string>& extra_env, pid_t* pid, int* read_fd) {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string entry(*e);
-    size_t eq = entry.find('=');
-    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
-  }
-  for (const auto& [k, v] : extra_env) env[k] = v;
-  std::vector<std::string> env_strings;
-  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = argv;
-  std::vector<char*> argp;
-  for (std::string& s : args) argp.push_back(s.data());
-  argp.push_back(nullptr);
-
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe2 failed");
-  pid_t child = fork();
-  if (child < 0) return absl::InternalError("fork failed");
-  if (child == 0) {
-    // Only async-signal-safe calls until exec.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, 0);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execve(argp[0], argp.data(), envp.data());
-    _exit(127);
-  }
+  absl::StatusOr<pid_t> child = StartProcess(argv, extra_env, -1, fds[1]);
   close(fds[1]);
-  *pid = child;
+  if (!child.ok()) {
+    close(fds[0]);
+    return child.status();
+  }
+  *pid = *child;
   *read_fd = fds[0];
   return absl::OkStatus();
 }
@@ -86,6 +59,45 @@ std::optional<int> WaitUntil(pid_t pid, absl::Time deadline) {
 }
 
 }  // namespace
+
+absl::StatusOr<pid_t> StartProcess(const std::vector<std::string>& argv,
+                                   const std::map<std::string, std::string>& extra_env,
+                                   int stdin_fd, int output_fd) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry(*e);
+    size_t eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  for (const auto& [k, v] : extra_env) env[k] = v;
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = argv;
+  std::vector<char*> argp;
+  for (std::string& s : args) argp.push_back(s.data());
+  argp.push_back(nullptr);
+  const int in = stdin_fd >= 0 ? stdin_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (in < 0) return absl::InternalError("cannot open /dev/null");
+  const pid_t child = fork();
+  if (child == 0) {
+    // Only async-signal-safe calls until exec.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(in, 0);
+    dup2(output_fd, 1);
+    dup2(output_fd, 2);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execve(argp[0], argp.data(), envp.data());
+    _exit(127);
+  }
+  if (in != stdin_fd) close(in);
+  if (child < 0) return absl::InternalError("fork failed");
+  return child;
+}
 
 const char* ServerBinary() { return TESSERA_SERVER_BIN; }
 const char* CliBinary() { return TESSERA_CLI_BIN; }

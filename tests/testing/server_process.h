@@ -100,6 +100,14 @@ const TestBackend& BackendUnderTest();
 /// later and win) and its environment is added (entries in `options.env` win).
 ServerProcess::Options OnTestBackend(ServerProcess::Options options);
 
+/// Starts argv[0] (a path) with this process's environment plus `extra_env` (which wins),
+/// stdin from `stdin_fd` (/dev/null when -1) and stdout and stderr into `output_fd`; the
+/// child is killed when this process dies (PR_SET_PDEATHSIG). The caller keeps its fds and
+/// reaps the child.
+absl::StatusOr<pid_t> StartProcess(const std::vector<std::string>& argv,
+                                   const std::map<std::string, std::string>& extra_env,
+                                   int stdin_fd, int output_fd);
+
 /// Runs a command to completion (bounded by `timeout`), returning its exit code and output.
 struct CommandResult {
   int exit_code = -1;
