@@ -19,6 +19,11 @@ struct CudaModuleOptions {
   /// Where compiled images of tenant-defined kernels are cached on disk (owner-only);
   /// empty: memory only. <state_dir>/kernel-cache in the server.
   std::string kernel_cache_dir;
+  /// How the completion thread learns that jobs ended (already checked): "spin" (it polls
+  /// the in-flight jobs' events, spinning briefly and then backing off, and sleeps while
+  /// none is in flight) or "host_function" (each job ends with a host function that wakes
+  /// it). docs/operations.md, "Job completion".
+  std::string completion = "spin";
 };
 
 /// The module's one exported symbol, looked up by this name.

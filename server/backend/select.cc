@@ -58,7 +58,15 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(const BackendOptions& o
           absl::StrCat(path, " is not a Tessera CUDA module (no ", kCudaModuleEntry, ")"));
     }
     absl::StatusOr<std::unique_ptr<Backend>> backend;
-    entry(CudaModuleOptions{.mps = options.mps, .kernel_cache_dir = options.kernel_cache_dir},
+    std::string completion = options.cuda_completion;
+    if (completion == "auto") {
+      const HostLimits host = ReadHostLimits();
+      completion = host.cpus >= kSpinCompletionCpus ? "spin" : "host_function";
+      spdlog::info("--cuda_completion=auto: {} ({})", completion, host.cpus_source);
+    }
+    entry(CudaModuleOptions{.mps = options.mps,
+                            .kernel_cache_dir = options.kernel_cache_dir,
+                            .completion = completion},
           &backend);
     return backend;
   }
@@ -82,6 +90,12 @@ absl::StatusOr<BackendChoice> SelectBackend(const BackendOptions& options) {
         absl::StrCat("--backend=", options.backend, ": allowed values are auto, cpu, cuda"));
   }
   if (absl::Status mode = CheckMpsMode(options.mps); !mode.ok()) return mode;
+  if (options.cuda_completion != "auto" && options.cuda_completion != "spin" &&
+      options.cuda_completion != "host_function") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda_completion=", options.cuda_completion,
+                     ": allowed values are auto, spin, host_function"));
+  }
 
   std::string reason;
   if (options.backend == "cpu") {

@@ -11,6 +11,10 @@
 
 namespace tessera {
 
+/// --cuda_completion=auto spins only with this many CPUs or more: the spinning thread may
+/// take one core while jobs are in flight, half of a 2-CPU host.
+inline constexpr uint32_t kSpinCompletionCpus = 4;
+
 struct BackendOptions {
   /// "auto", "cpu" or "cuda".
   std::string backend = "auto";
@@ -26,6 +30,9 @@ struct BackendOptions {
   int cpu_worker_nice = 0;
   /// CUDA backend: on-disk cache of tenant-defined kernels' compiled images (empty: none).
   std::string kernel_cache_dir;
+  /// CUDA backend: "spin" or "host_function" (CudaModuleOptions::completion), or "auto":
+  /// spin when this process may use at least kSpinCompletionCpus CPUs, else host_function.
+  std::string cuda_completion = "auto";
 };
 
 struct BackendChoice {

@@ -231,7 +231,7 @@ TEST_F(FakeCudaRegionsTest, AContextRebuiltAfterAFaultPinsTheRangeAgain) {
       "fill", {}, {{"value", 3.0}, {"shape", std::vector<int64_t>{1024}}});
   auto lost = Allocate(4096);
   ASSERT_NE(lost, nullptr);
-  fake_->Fail("cuLaunchHostFunc", 0, CUDA_ERROR_ECC_UNCORRECTABLE);
+  fake_->Fail("cuEventRecord", 1, CUDA_ERROR_ECC_UNCORRECTABLE);  // the job's end
   absl::Status failed = testing::RunSteps(*context_, {Step{fill, {}, {lost}}});
   ASSERT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
   ASSERT_TRUE(lost->lost());
@@ -256,7 +256,7 @@ TEST_F(FakeCudaRegionsTest, AContextRebuiltAfterAFaultPinsTheRangeAgain) {
   // Again, with the driver refusing to pin it in the next context.
   registration = Register(region->data(), kRegion);
   ASSERT_NE(registration, nullptr);
-  fake_->Fail("cuLaunchHostFunc", 0, CUDA_ERROR_ECC_UNCORRECTABLE);
+  fake_->Fail("cuEventRecord", 1, CUDA_ERROR_ECC_UNCORRECTABLE);  // the job's end
   ASSERT_EQ(testing::RunSteps(*context_, {Step{fill, {}, {buffer}}}).code(),
             absl::StatusCode::kUnavailable);
   buffer = Allocate(4096);

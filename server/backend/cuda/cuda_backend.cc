@@ -15,7 +15,9 @@
 #include <type_traits>
 #include <utility>
 
+#include <pthread.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -149,6 +151,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModul
       .workers = static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 2u, 4u))});
   driver->on_process_fatal = [b = backend.get()](CUresult error) { b->ReportProcessFatal(error); };
   backend->driver_ = std::move(driver);
+  backend->host_function_completion_ = options.completion == "host_function";
   backend->completer_ = std::thread([b = backend.get()] { b->CompletionLoop(); });
   return backend;
 }
@@ -261,9 +264,12 @@ void CudaBackend::ForEachContext(absl::FunctionRef<void(CudaContext&)> visit) {
 }
 
 void CudaBackend::CompletionLoop() {
-  // Host functions wake this loop as jobs finish; a short timeout while work is queued also
-  // catches faults, after which a stream's host functions may never run.
+  pthread_setname_np(pthread_self(), kCompletionThreadName);
+  // Timed waits of microseconds: the default timer slack (50 us) would stretch each one.
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
   bool busy = false;
+  // The last time a job was enqueued or finished: polls are spaced by how long ago that was.
+  absl::Time progress = absl::Now();
   for (;;) {
     std::vector<CudaContext::Finished> finished;
     std::vector<int> faulted;
@@ -272,11 +278,25 @@ void CudaBackend::CompletionLoop() {
     {
       absl::MutexLock lock(&wake_mu_);
       if (!woken_ && !stopping_) {
-        wake_.WaitWithTimeout(&wake_mu_, busy ? absl::Milliseconds(2) : absl::Seconds(1));
+        if (!busy) {
+          // Nothing in flight: sleep until a job is enqueued (Enqueue wakes this thread).
+          wake_.WaitWithTimeout(&wake_mu_, absl::Seconds(1));
+        } else if (host_function_completion_) {
+          // Host functions wake this loop as jobs finish; the short timeout also catches
+          // faults, after which a stream's host functions may never run.
+          wake_.WaitWithTimeout(&wake_mu_, absl::Milliseconds(2));
+        } else {
+          const absl::Duration wait = CompletionPollDelay(absl::Now() - progress);
+          if (wait > absl::ZeroDuration()) wake_.WaitWithTimeout(&wake_mu_, wait);
+        }
       }
       if (stopping_) return;
-      woken_ = false;
+      if (std::exchange(woken_, false)) progress = absl::Now();
       reported = std::exchange(reported_fatal_, CUDA_SUCCESS);
+    }
+    if (busy && !host_function_completion_ &&
+        CompletionPollDelay(absl::Now() - progress) == absl::ZeroDuration()) {
+      std::this_thread::yield();  // spinning: leave the core to a thread that has work
     }
     busy = false;
     ForEachContext([&](CudaContext& c) {
@@ -286,11 +306,17 @@ void CudaBackend::CompletionLoop() {
         errors.push_back(r);
       }
     });
+    if (!finished.empty()) progress = absl::Now();
     CudaContext::Deliver(finished);
     for (size_t i = 0; i < faulted.size(); ++i) OnDeviceFault(faulted[i], errors[i]);
     // One no remaining context reported (its context was destroyed, or never created).
     if (reported != CUDA_SUCCESS) OnProcessFatal(-1, reported);
   }
+}
+
+absl::Duration CompletionPollDelay(absl::Duration since_progress) {
+  if (since_progress < kCompletionSpin) return absl::ZeroDuration();
+  return std::clamp(since_progress / 8, kCompletionMinPoll, kCompletionMaxPoll);
 }
 
 void CudaBackend::OnDeviceFault(int device, CUresult error) {

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 #include "server/backend/backend.h"
 #include "server/backend/cuda/driver.h"
@@ -23,11 +24,31 @@ namespace tessera::cuda {
 
 class CudaContext;
 
+/// The completion thread's name (/proc/<pid>/task/<tid>/comm), so that its CPU time can be
+/// read apart from the rest of the process.
+inline constexpr char kCompletionThreadName[] = "cuda-completion";
+
+/// While jobs are in flight, the completion thread polls them back to back for kCompletionSpin
+/// after the last job was enqueued or finished (a job that ends meanwhile is seen within a
+/// poll, a microsecond or two), then waits between polls an eighth of the time since then,
+/// within [kCompletionMinPoll, kCompletionMaxPoll]: a job that runs T is seen at most about
+/// T/8 late, and a long job costs a few polls per millisecond. With nothing in flight the
+/// thread sleeps until a job is enqueued.
+inline constexpr absl::Duration kCompletionSpin = absl::Microseconds(50);
+inline constexpr absl::Duration kCompletionMinPoll = absl::Microseconds(10);
+inline constexpr absl::Duration kCompletionMaxPoll = absl::Milliseconds(1);
+
+/// How long the completion thread waits before its next poll, `since_progress` after the
+/// last job was enqueued or finished, while jobs are in flight (zero: poll now).
+absl::Duration CompletionPollDelay(absl::Duration since_progress);
+
 /// The CUDA backend: one context per tenant (MPS client, green or plain, per gpu_policy),
-/// `max_streams` prioritized streams each, completions collected by one thread that host
-/// functions wake (no thread waits per job). Tenant-defined kernels are compiled per GPU
-/// architecture on KernelImages' threads; a job that needs one waits for it (and the jobs
-/// behind it on its stream wait too) without holding any thread. All methods are thread-safe.
+/// `max_streams` prioritized streams each, completions collected by one thread that polls the
+/// jobs in flight (CompletionPollDelay; or is woken by a host function per job with
+/// CudaModuleOptions::completion "host_function"): no thread waits per job. Tenant-defined kernels
+/// are compiled per GPU architecture on KernelImages' threads; a job that needs one waits for it
+/// (and the jobs behind it on its stream wait too) without holding any thread. All methods are
+/// thread-safe.
 class CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaModuleOptions& options);
@@ -99,6 +120,8 @@ class CudaBackend final : public Backend {
   std::vector<DeviceInfo> devices_;
   std::vector<Gpu> gpus_;
   std::string mps_mode_;
+  // CudaModuleOptions::completion == "host_function".
+  bool host_function_completion_ = false;
 
   mutable absl::Mutex mps_mu_;
   MpsState mps_ ABSL_GUARDED_BY(mps_mu_);

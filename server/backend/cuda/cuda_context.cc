@@ -761,7 +761,9 @@ void CudaContext::EnqueueLocked(int stream, std::vector<Step> steps,
     return;
   }
   r = driver_.cuEventRecord(p.end.get(), s);
-  if (r == CUDA_SUCCESS) r = driver_.cuLaunchHostFunc(s, WakeBackend, backend_);
+  if (r == CUDA_SUCCESS && backend_->host_function_completion_) {
+    r = driver_.cuLaunchHostFunc(s, WakeBackend, backend_);
+  }
   if (r != CUDA_SUCCESS) {
     absl::Status status = Failed(r, "finishing a job");
     if (current.lost.load()) Abandon(p);
