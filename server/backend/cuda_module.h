@@ -38,6 +38,12 @@ using CudaModuleEntry = void (*)(const CudaModuleOptions& options,
 inline constexpr char kCudaModuleInjectFault[] = "tessera_cuda_inject_fault";
 using CudaInjectFault = absl::Status (*)(TenantContext& context, int stream);
 
+/// Benchmark hook exported by the module as "tessera_cuda_context_handle": the CUcontext that
+/// `context` (a context of this module) runs its jobs in now, or null, so that a baseline can
+/// run in the very context a tenant's jobs run in (tests/gpu/gpu_bench.cc).
+inline constexpr char kCudaModuleContextHandle[] = "tessera_cuda_context_handle";
+using CudaContextHandle = void* (*)(TenantContext& context);
+
 }  // namespace tessera
 
 #endif  // TESSERA_SERVER_BACKEND_CUDA_MODULE_H_

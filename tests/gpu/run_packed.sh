@@ -47,6 +47,13 @@ done
 export CUDA_MPS_PIPE_DIRECTORY=$stage/no-mps
 has tests && t 300 "$b/tessera_gpu_tests" --gtest_output="xml:$out/gpu_tests.xml"
 has bench && t 180 "$b/tessera_gpu_bench" | tee "$out/bench.md"
+if has bench; then  # the host's time per job, with each completion mode
+  for completion in spin host_function; do
+    t 60 env TESSERA_CUDA_MODULE="$built_in/lib/tessera/libtessera_cuda.so" \
+      "$b/bench/tessera_submit_bench" --backend=cuda --completion=$completion --jobs=20000 |
+      tee -a "$out/submit_bench.txt"
+  done
+fi
 has integration && t 600 env TESSERA_TEST_BACKEND=cuda "$b/tessera_integration_tests" --gtest_brief=1 \
   --gtest_filter='ComputeTest.*:JobsTest.*:CatalogTest.*:UserKernelsTest.*:IsolationTest.*:BadRequestTest.*' \
   --gtest_output="xml:$out/integration_cuda.xml"

@@ -191,6 +191,10 @@ absl::StatusOr<std::unique_ptr<TenantContext>> CudaBackend::CreateContext(
   return std::unique_ptr<TenantContext>(std::move(context));
 }
 
+void* RawContextOf(TenantContext& context) {
+  return static_cast<CudaContext&>(context).raw_context();
+}
+
 absl::Status InjectFaultInto(TenantContext& context, int stream) {
   auto& cuda = static_cast<CudaContext&>(context);
   return cuda.backend()->InjectFault(context, stream);

@@ -146,6 +146,10 @@ class CudaBackend final : public Backend {
   absl::AnyInvocable<void(const absl::Status&)> fatal_handler_ ABSL_GUARDED_BY(fatal_mu_);
 };
 
+/// The benchmark hook behind cuda_module.h's kCudaModuleContextHandle (`context` must come
+/// from a CudaBackend): its current incarnation's CUcontext, or null.
+void* RawContextOf(TenantContext& context);
+
 /// The test hook behind cuda_module.h's kCudaModuleInjectFault (`context` must come from a
 /// CudaBackend).
 absl::Status InjectFaultInto(TenantContext& context, int stream);

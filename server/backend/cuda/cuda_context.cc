@@ -302,6 +302,11 @@ void CudaContext::Enqueue(int stream, std::vector<Step> steps,
   Finish(backend_, request_.tenant_id, handle_, followups);
 }
 
+CUcontext CudaContext::raw_context() const {
+  absl::MutexLock lock(&mu_);
+  return current_ == nullptr || current_->lost.load() ? nullptr : current_->context;
+}
+
 absl::Duration CudaContext::busy_time() const {
   absl::MutexLock lock(&mu_);
   return busy_;

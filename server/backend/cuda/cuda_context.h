@@ -141,6 +141,10 @@ class CudaContext final : public TenantContext {
 
   absl::Status InjectFault(int stream);
 
+  /// The current incarnation's driver context (null when there is none), for a benchmark's
+  /// baseline (RawContextOf). Takes mu_.
+  CUcontext raw_context() const;
+
  private:
   // A buffer on this context's device; zero-filled on the copy stream when `zero`.
   absl::StatusOr<std::shared_ptr<DeviceBuffer>> AllocateOnDevice(uint64_t bytes, bool zero);

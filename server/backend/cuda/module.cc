@@ -14,6 +14,11 @@ extern "C" __attribute__((visibility("default"))) void tessera_cuda_backend_crea
   }
 }
 
+extern "C" __attribute__((visibility("default"))) void* tessera_cuda_context_handle(
+    tessera::TenantContext& context) {
+  return tessera::cuda::RawContextOf(context);
+}
+
 extern "C" __attribute__((visibility("default"))) absl::Status tessera_cuda_inject_fault(
     tessera::TenantContext& context, int stream) {
   return tessera::cuda::InjectFaultInto(context, stream);
