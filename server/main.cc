@@ -44,6 +44,9 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "TESSERA_ADMIN_TOKEN environment variable overrides it");
 ABSL_FLAG(std::string, backend, "auto", "Execution backend: auto, cpu or cuda");
 ABSL_FLAG(std::string, mps, "auto", "MPS use: auto, require or off");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "Run a program (a Submit of several steps) as a CUDA graph from its second run on the "
+          "same stream and shapes: one launch instead of one per step");
 ABSL_FLAG(std::string, cuda_completion, "auto",
           "How the CUDA backend sees jobs end: spin (a thread polls in-flight jobs, spinning "
           "briefly, then backing off; idle when none runs), host_function (one per job), or "
@@ -227,7 +230,7 @@ const std::vector<FlagTopic>& FlagTopics() {
       {"TLS", {"tls_cert", "tls_key", "tls_client_ca"}},
       {"Backend and admission",
        {"backend", "cpu_memory_bytes", "cpu_threads", "cpu_worker_nice", "memory_overcommit",
-        "device_in_flight", "max_kernels_per_tenant", "cuda_completion"}},
+        "device_in_flight", "max_kernels_per_tenant", "cuda_completion", "cuda_graphs"}},
       {"MPS", {"mps", "mps_manage", "mps_base_dir", "mps_control", "mps_timeout"}},
       {"Metrics",
        {"metrics_listen", "metrics_token_file", "metrics_tls_cert", "metrics_tls_key",
@@ -426,6 +429,7 @@ int main(int argc, char** argv) {
   options.backend.backend = absl::GetFlag(FLAGS_backend);
   options.backend.mps = absl::GetFlag(FLAGS_mps);
   options.backend.cuda_completion = absl::GetFlag(FLAGS_cuda_completion);
+  options.backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.metrics = {.listen = absl::GetFlag(FLAGS_metrics_listen),
                      .token_file = absl::GetFlag(FLAGS_metrics_token_file),
                      .tls_cert = absl::GetFlag(FLAGS_metrics_tls_cert),

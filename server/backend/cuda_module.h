@@ -24,6 +24,9 @@ struct CudaModuleOptions {
   /// none is in flight) or "host_function" (each job ends with a host function that wakes
   /// it). docs/operations.md, "Job completion".
   std::string completion = "spin";
+  /// Whether programs (jobs of several steps) run as CUDA graphs from their second run on
+  /// (CudaContext::LaunchProgramLocked).
+  bool graphs = true;
 };
 
 /// The module's one exported symbol, looked up by this name.

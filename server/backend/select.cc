@@ -66,7 +66,8 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(const BackendOptions& o
     }
     entry(CudaModuleOptions{.mps = options.mps,
                             .kernel_cache_dir = options.kernel_cache_dir,
-                            .completion = completion},
+                            .completion = completion,
+                            .graphs = options.cuda_graphs},
           &backend);
     return backend;
   }

@@ -33,6 +33,8 @@ struct BackendOptions {
   /// CUDA backend: "spin" or "host_function" (CudaModuleOptions::completion), or "auto":
   /// spin when this process may use at least kSpinCompletionCpus CPUs, else host_function.
   std::string cuda_completion = "auto";
+  /// CUDA backend: programs as CUDA graphs (CudaModuleOptions::graphs).
+  bool cuda_graphs = true;
 };
 
 struct BackendChoice {

@@ -152,6 +152,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModul
   driver->on_process_fatal = [b = backend.get()](CUresult error) { b->ReportProcessFatal(error); };
   backend->driver_ = std::move(driver);
   backend->host_function_completion_ = options.completion == "host_function";
+  backend->graphs_ = options.graphs;
   backend->completer_ = std::thread([b = backend.get()] { b->CompletionLoop(); });
   return backend;
 }

@@ -122,6 +122,8 @@ class CudaBackend final : public Backend {
   std::string mps_mode_;
   // CudaModuleOptions::completion == "host_function".
   bool host_function_completion_ = false;
+  // CudaModuleOptions::graphs.
+  bool graphs_ = true;
 
   mutable absl::Mutex mps_mu_;
   MpsState mps_ ABSL_GUARDED_BY(mps_mu_);

@@ -14,11 +14,14 @@
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <variant>
 
 #include <stdlib.h>
 
+#include "absl/base/casts.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
 
 #include "kernels/expr/user_kernel.h"
@@ -99,6 +102,55 @@ std::vector<uint64_t> TempSlots(const std::vector<Step>& steps) {
     }
   }
   return slots;
+}
+
+// What a program's launches on stream `stream` depend on besides its tensors' addresses: each
+// step's kernel (a tenant-defined kernel's program), operand types and shapes, and attributes
+// (floats by their bits). The stream is part of it: a matmul's graph node uses that stream's
+// cuBLAS workspace.
+std::string ProgramKey(const std::vector<Step>& steps, int stream) {
+  std::string key = absl::StrCat("s", stream);
+  for (const Step& step : steps) {
+    absl::StrAppend(&key, ";", step.plan.kernel->name);
+    if (step.plan.user != nullptr) absl::StrAppend(&key, "#", step.plan.user->program.hash);
+    for (const auto* metas : {&step.plan.inputs, &step.plan.outputs}) {
+      absl::StrAppend(&key, "|");
+      for (const kernels::TensorMeta& m : *metas) {
+        absl::StrAppend(&key, static_cast<int>(m.dtype), "[", absl::StrJoin(m.shape, ","), "]");
+      }
+    }
+    for (const auto& [name, value] : step.plan.attrs) {
+      absl::StrAppend(&key, "|", name, "=");
+      std::visit(
+          [&](const auto& v) {
+            using V = std::decay_t<decltype(v)>;
+            if constexpr (std::is_same_v<V, double>) {
+              absl::StrAppend(&key, absl::Hex(absl::bit_cast<uint64_t>(v)));
+            } else if constexpr (std::is_same_v<V, std::vector<double>>) {
+              for (double d : v) absl::StrAppend(&key, absl::Hex(absl::bit_cast<uint64_t>(d)), ",");
+            } else if constexpr (std::is_same_v<V, std::vector<int64_t>>) {
+              absl::StrAppend(&key, absl::StrJoin(v, ","));
+            } else if constexpr (std::is_same_v<V, std::string>) {
+              absl::StrAppend(&key, v.size(), ":", v);
+            } else {
+              absl::StrAppend(&key, v);
+            }
+          },
+          value);
+    }
+  }
+  return key;
+}
+
+// Every step's input addresses, then its output addresses.
+std::vector<CUdeviceptr> ProgramAddresses(const std::vector<Step>& steps) {
+  std::vector<CUdeviceptr> addresses;
+  for (const Step& step : steps) {
+    for (const auto* list : {&step.inputs, &step.outputs}) {
+      for (const auto& b : *list) addresses.push_back(static_cast<const CudaBuffer&>(*b).ptr());
+    }
+  }
+  return addresses;
 }
 
 }  // namespace
@@ -753,11 +805,17 @@ void CudaContext::EnqueueLocked(int stream, std::vector<Step> steps,
       failure.status.ok() ? steps.size() : static_cast<size_t>(failure.failed_step);
   p.result = std::move(failure);
   const std::vector<uint64_t> slots = TempSlots(steps);
-  for (size_t i = 0; i < runnable; ++i) {
-    absl::Status launched = LaunchStep(current, s, steps[i], slots, p.temps);
-    if (!launched.ok()) {
-      p.result = ExecResult{launched, static_cast<int>(i)};
-      break;
+  absl::Status as_graph;
+  if (p.result.status.ok() && slots.empty() && steps.size() > 1 && backend_->graphs_ &&
+      LaunchProgramLocked(current, s, stream, steps, as_graph)) {
+    if (!as_graph.ok()) p.result = ExecResult{as_graph, 0};
+  } else {
+    for (size_t i = 0; i < runnable; ++i) {
+      absl::Status launched = LaunchStep(current, s, steps[i], slots, p.temps);
+      if (!launched.ok()) {
+        p.result = ExecResult{launched, static_cast<int>(i)};
+        break;
+      }
     }
   }
   if (current.lost.load()) {  // a sticky error while launching: the job is already failed
@@ -834,6 +892,85 @@ absl::Status CudaContext::LaunchStep(Incarnation& inc, CUstream s, const Step& s
     if (r != CUDA_SUCCESS) return Failed(r, "finishing an in-place launch");
   }
   return absl::OkStatus();
+}
+
+bool CudaContext::LaunchProgramLocked(Incarnation& inc, CUstream s, int stream,
+                                      const std::vector<Step>& steps, absl::Status& status) {
+  std::string key = ProgramKey(steps, stream);
+  std::vector<CUdeviceptr> addresses = ProgramAddresses(steps);
+  auto it = inc.programs.find(key);
+  if (it == inc.programs.end()) {
+    // The first run goes step by step: it loads the kernels, creates the cuBLAS handle and
+    // the stream's workspace (none of which may happen during a capture), and a program run
+    // once is never captured.
+    if (inc.program_sightings.size() >= kMaxProgramSightings) inc.program_sightings.clear();
+    if (++inc.program_sightings[key] < 2) return false;
+  } else if (it->second.addresses == addresses) {
+    it->second.last_use = ++inc.program_clock;
+    CUresult r = driver_.cuGraphLaunch(it->second.exec.get(), s);
+    if (r != CUDA_SUCCESS) status = Failed(r, "launching a program's graph");
+    return true;
+  }
+  for (const Step& step : steps) {
+    if (UsesCublas(step.plan) && (!inc.blas || !inc.blas.HasWorkspace(s))) return false;
+  }
+  // Captured in this thread's mode: the backend's other threads (the completion thread's
+  // polls, copies) are not restricted meanwhile.
+  CUresult r = driver_.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  if (r != CUDA_SUCCESS) {
+    if (ClassifyCudaError(r).sticky) {
+      status = Failed(r, "capturing a program");
+      return true;
+    }
+    return false;
+  }
+  std::vector<std::shared_ptr<DeviceBuffer>> no_temps;
+  absl::Status launched;
+  for (const Step& step : steps) {
+    launched = LaunchStep(inc, s, step, {}, no_temps);
+    if (!launched.ok()) break;
+  }
+  CUgraph captured = nullptr;
+  r = driver_.cuStreamEndCapture(s, &captured);
+  Graph graph(driver_, captured);
+  if (inc.lost.load()) {  // a sticky error while capturing: the job is failed
+    graph.Abandon();
+    status = launched.ok() ? Failed(r, "capturing a program") : launched;
+    return true;
+  }
+  if (!launched.ok() || r != CUDA_SUCCESS) return false;  // nothing ran: step by step instead
+  if (it != inc.programs.end()) {
+    CUgraphExecUpdateResultInfo info{};
+    if (driver_.cuGraphExecUpdate(it->second.exec.get(), graph.get(), &info) == CUDA_SUCCESS) {
+      it->second.addresses = std::move(addresses);
+      it->second.last_use = ++inc.program_clock;
+      r = driver_.cuGraphLaunch(it->second.exec.get(), s);
+      if (r != CUDA_SUCCESS) status = Failed(r, "launching a program's graph");
+      return true;
+    }
+    inc.programs.erase(it);  // another shape of graph (cuBLAS chose other kernels): anew
+  }
+  CUgraphExec exec = nullptr;
+  r = driver_.cuGraphInstantiateWithFlags(&exec, graph.get(), 0);
+  if (r != CUDA_SUCCESS) {
+    if (!ClassifyCudaError(r).sticky) return false;
+    status = Failed(r, "instantiating a program's graph");
+    return true;
+  }
+  if (inc.programs.size() >= kMaxProgramsPerContext) {
+    auto victim = std::min_element(
+        inc.programs.begin(), inc.programs.end(),
+        [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
+    inc.programs.erase(victim);
+  }
+  inc.program_sightings.erase(key);
+  CapturedProgram& program = inc.programs[key];
+  program.exec = GraphExec(driver_, exec);
+  program.addresses = std::move(addresses);
+  program.last_use = ++inc.program_clock;
+  r = driver_.cuGraphLaunch(exec, s);
+  if (r != CUDA_SUCCESS) status = Failed(r, "launching a program's graph");
+  return true;
 }
 
 void CudaContext::PollLocked(std::vector<Finished>& finished) {
@@ -1029,7 +1166,10 @@ absl::Status CudaContext::LoadUserModuleLocked(Incarnation& inc, const std::stri
         victim = it;
       }
     }
-    if (victim != inc.user_modules.end()) inc.user_modules.erase(victim);
+    if (victim != inc.user_modules.end()) {
+      inc.programs.clear();  // a graph may launch the module's function
+      inc.user_modules.erase(victim);
+    }
   }
   CUmodule module = nullptr;
   CUresult r = driver_.cuModuleLoadData(&module, image.data());

@@ -41,6 +41,10 @@ namespace tessera::cuda {
 ///   (image callbacks, host registrations) is taken before either.
 /// - Enqueue is called by the core with no lock of the core held; Poll, CheckSticky and
 ///   FaultWith by the backend's completion thread (CudaBackend::CompletionLoop).
+/// Programs kept as CUDA graphs per tenant context, and programs remembered as seen once.
+inline constexpr size_t kMaxProgramsPerContext = 32;
+inline constexpr size_t kMaxProgramSightings = 256;
+
 class CudaContext final : public TenantContext {
  public:
   /// A job that ended, with its callback and what it held.
@@ -263,6 +267,18 @@ class CudaContext final : public TenantContext {
                           const std::vector<uint64_t>& slots,
                           std::vector<std::shared_ptr<DeviceBuffer>>& temps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  /// Launches the steps of a program (several steps, none staged through a temporary) on `s`,
+  /// stream index `stream`, as one CUDA graph: the second run of the same steps (ProgramKey:
+  /// kernels, shapes, attributes, stream) captures and instantiates them, later runs launch
+  /// the graph as it is when the tensors' addresses are the same, or after updating its nodes
+  /// from a new capture (cuGraphExecUpdate) when they are not. False when it launched nothing
+  /// (the first run, a capture the driver refused): the caller launches step by step. True
+  /// otherwise, with `status` the launch's failure if any (the job then fails as a whole: no
+  /// step ran). At most kMaxProgramsPerContext graphs per incarnation, least recently used
+  /// evicted; destroyed with the incarnation.
+  bool LaunchProgramLocked(Incarnation& inc, CUstream s, int stream, const std::vector<Step>& steps,
+                           absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void PollLocked(std::vector<Finished>& finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -64,7 +64,14 @@ namespace tessera::cuda {
   X(cuModuleUnload)              \
   X(cuModuleGetFunction)         \
   X(cuGetErrorName)              \
-  X(cuGetErrorString)
+  X(cuGetErrorString)            \
+  X(cuStreamBeginCapture)        \
+  X(cuStreamEndCapture)          \
+  X(cuGraphDestroy)              \
+  X(cuGraphInstantiateWithFlags) \
+  X(cuGraphExecDestroy)          \
+  X(cuGraphLaunch)               \
+  X(cuGraphExecUpdate)
 
 // Green contexts (CUDA 12.4 and later); absent entry points leave them unavailable.
 #define TESSERA_CUDA_OPTIONAL(X) \

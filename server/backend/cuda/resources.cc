@@ -32,6 +32,11 @@ cublasStatus_t BlasHandle::Bind(CUstream stream, CUresult& driver_error) {
   return cublasSetWorkspace(handle_, reinterpret_cast<void*>(it->second.get()), workspace_bytes_);
 }
 
+bool BlasHandle::HasWorkspace(CUstream stream) const {
+  return std::any_of(workspaces_.begin(), workspaces_.end(),
+                     [&](const auto& w) { return w.first == stream; });
+}
+
 void BlasHandle::Reset() {
   if (handle_ != nullptr) cublasDestroy(handle_);
   handle_ = nullptr;
@@ -43,6 +48,7 @@ void Incarnation::Destroy() {
   if (context == nullptr) return;
   {
     ScopedContext scoped(*driver, context);
+    programs.clear();  // before the modules their graphs launch
     user_modules.clear();
     spare_events.clear();
     blas.Reset();

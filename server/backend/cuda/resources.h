@@ -67,6 +67,18 @@ using Event = Owned<CUevent, &Driver::cuEventDestroy>;
 using DeviceMemory = Owned<CUdeviceptr, &Driver::cuMemFree>;
 using PinnedMemory = Owned<void*, &Driver::cuMemFreeHost>;
 using Module = Owned<CUmodule, &Driver::cuModuleUnload>;
+using Graph = Owned<CUgraph, &Driver::cuGraphDestroy>;
+using GraphExec = Owned<CUgraphExec, &Driver::cuGraphExecDestroy>;
+
+/// A program captured as a CUDA graph and instantiated (CudaContext::LaunchProgramLocked).
+struct CapturedProgram {
+  GraphExec exec;
+  /// The device addresses its nodes use now (every step's inputs, then outputs): a job with
+  /// the same ones replays it as it is.
+  std::vector<CUdeviceptr> addresses;
+  /// When it was last launched (Incarnation::program_clock), for evicting the least recent.
+  uint64_t last_use = 0;
+};
 
 /// A tenant-defined kernel's compiled image loaded into one context.
 struct UserModule {
@@ -96,6 +108,8 @@ class BlasHandle {
   /// cublasSetStream resets the workspace to cuBLAS's own pool (its documentation), memory
   /// nobody is charged for.
   cublasStatus_t Bind(CUstream stream, CUresult& driver_error);
+  /// Whether `stream` has its workspace already (Bind then allocates nothing).
+  bool HasWorkspace(CUstream stream) const;
   void Reset();
 
  private:
@@ -134,6 +148,12 @@ struct Incarnation {
   // too many or with the context); guarded by the owning CudaContext's mu_.
   std::map<std::string, UserModule> user_modules;
   uint64_t user_clock = 0;
+  // Programs run as CUDA graphs, by ProgramKey, and how often each program not captured yet
+  // has been seen; guarded by the owning CudaContext's mu_. Emptied when a tenant-defined
+  // kernel's module is unloaded (a graph may launch its function).
+  std::map<std::string, CapturedProgram> programs;
+  std::map<std::string, int> program_sightings;
+  uint64_t program_clock = 0;
   int sms = 0;
   // A green context's SM groups, returned to `owner` when it goes.
   CudaBackend* owner = nullptr;

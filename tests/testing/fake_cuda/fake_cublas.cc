@@ -36,7 +36,8 @@
 // The fake driver's hooks (fake_cuda.h).
 extern "C" {
 int tessera_fake_cuda_stream_context(CUstream stream, CUcontext* out);
-int tessera_fake_cuda_enqueue(CUstream stream, int (*op)(void*), void* data);
+int tessera_fake_cuda_enqueue(CUstream stream, int (*op)(void*), void* data,
+                              void (*release)(void*));
 int tessera_fake_cuda_check_range(CUstream stream, unsigned long long ptr, unsigned long long bytes,
                                   char* why, int size);
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
@@ -200,8 +201,9 @@ CUresult Check(const Gemm& g, const void* ptr, uint64_t bytes, const char* what,
   return CUDA_ERROR_ILLEGAL_ADDRESS;
 }
 
+// Runs the GEMM `data` describes; the driver releases it (a graph may run it again).
 int RunGemm(void* data) {
-  std::unique_ptr<Gemm> g(static_cast<Gemm*>(data));
+  const Gemm* g = static_cast<const Gemm*>(data);
   const size_t ea = SizeOf(g->type_a), ec = SizeOf(g->type_c);
   const int64_t a_rows = g->ta == CUBLAS_OP_N ? g->m : g->k;
   const int64_t a_cols = g->ta == CUBLAS_OP_N ? g->k : g->m;
@@ -364,10 +366,12 @@ cublasStatus_t GemmBatched(cublasHandle_t handle, cublasOperation_t ta, cublasOp
   g.stride_c = stride_c;
   g.batches = batches;
   g.compute = compute;
-  if (tessera_fake_cuda_enqueue(handle->stream, &RunGemm, work.get()) != CUDA_SUCCESS) {
+  // The driver owns it from here, even when it refuses it.
+  if (tessera_fake_cuda_enqueue(handle->stream, &RunGemm, work.release(), [](void* data) {
+        delete static_cast<Gemm*>(data);
+      }) != CUDA_SUCCESS) {
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
-  work.release();  // RunGemm owns it now
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -266,6 +266,25 @@ struct CUevent_st {
   Clock::time_point when{};
 };
 
+// A graph's node: what it does, and what kind of node it is (a kernel's name, "memcpy",
+// "memset", "cublas", "host function"), which cuGraphExecUpdate compares.
+struct GraphNode {
+  std::string kind;
+  std::function<CUresult()> run;
+};
+
+// A captured graph (cuStreamEndCapture): its nodes in stream order. The fake captures only
+// one stream, so a graph is a chain.
+struct CUgraph_st {
+  CUctx_st* context = nullptr;
+  std::vector<GraphNode> nodes;
+};
+
+struct CUgraphExec_st {
+  CUctx_st* context = nullptr;
+  std::vector<GraphNode> nodes;
+};
+
 struct CUstream_st {
   CUctx_st* context = nullptr;
   int priority = 0;
@@ -275,11 +294,25 @@ struct CUstream_st {
   bool running = false;
   bool stop = false;
   std::thread worker;
+  // While capturing (cuStreamBeginCapture): the graph work goes into instead of running, the
+  // thread that began it and its mode. Guarded by mu.
+  std::unique_ptr<CUgraph_st> capture;
+  std::thread::id capture_thread;
+  CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
-  void Enqueue(std::function<CUresult()> op) {
+  // Queues `op`, or adds it to the graph being captured.
+  void Enqueue(std::function<CUresult()> op, const char* kind) {
     std::lock_guard<std::mutex> lock(mu);
+    if (capture != nullptr) {
+      capture->nodes.push_back({kind, std::move(op)});
+      return;
+    }
     ops.push_back(std::move(op));
     cv.notify_all();
+  }
+  bool Capturing() {
+    std::lock_guard<std::mutex> lock(mu);
+    return capture != nullptr;
   }
   bool Idle() {
     std::lock_guard<std::mutex> lock(mu);
@@ -312,6 +345,18 @@ struct CUkern_st {
 namespace {
 
 thread_local std::vector<CUctx_st*> t_current;
+
+// Captures this thread began in a mode other than relaxed: while one is open, the thread may
+// not make calls that could synchronize with the device (cuda.h, CUstreamCaptureMode).
+thread_local int t_strict_captures = 0;
+
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (and a misuse) when this thread has a strict capture
+// open: `call` is one the driver refuses then.
+CUresult NotWhileCapturing(const char* call) {
+  if (t_strict_captures == 0) return CUDA_SUCCESS;
+  Misuse("%s while this thread captures a stream (not permitted in that capture mode)", call);
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
 
 CUctx_st* Current() { return t_current.empty() ? nullptr : t_current.back(); }
 
@@ -987,6 +1032,11 @@ CUresult Fake_cuStreamDestroy(CUstream stream) {
 
 CUresult Fake_cuStreamSynchronize(CUstream stream) {
   if (CUresult r = StreamIn(stream, "cuStreamSynchronize"); r != CUDA_SUCCESS) return r;
+  if (CUresult r = NotWhileCapturing("cuStreamSynchronize"); r != CUDA_SUCCESS) return r;
+  if (stream->Capturing()) {
+    Misuse("cuStreamSynchronize of a stream being captured");
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   std::unique_lock<std::mutex> lock(stream->mu);
   stream->cv.wait(lock, [&] {
     return (stream->ops.empty() && !stream->running) ||
@@ -997,16 +1047,22 @@ CUresult Fake_cuStreamSynchronize(CUstream stream) {
 
 CUresult Fake_cuStreamQuery(CUstream stream) {
   if (CUresult r = StreamIn(stream, "cuStreamQuery"); r != CUDA_SUCCESS) return r;
+  if (stream->Capturing()) {
+    Misuse("cuStreamQuery of a stream being captured");
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   return stream->Idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CUresult Fake_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* data) {
   if (CUresult r = StreamIn(stream, "cuLaunchHostFunc"); r != CUDA_SUCCESS) return r;
   if (CUresult r = Injected("cuLaunchHostFunc"); r != CUDA_SUCCESS) return r;
-  stream->Enqueue([fn, data] {
-    fn(data);
-    return CUDA_SUCCESS;
-  });
+  stream->Enqueue(
+      [fn, data] {
+        fn(data);
+        return CUDA_SUCCESS;
+      },
+      "host function");
   return CUDA_SUCCESS;
 }
 
@@ -1041,6 +1097,12 @@ CUresult Fake_cuEventDestroy(CUevent event) {
 CUresult Fake_cuEventRecord(CUevent event, CUstream stream) {
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult r = StreamIn(stream, "cuEventRecord"); r != CUDA_SUCCESS) return r;
+  if (stream->Capturing()) {
+    // The real driver captures it as a dependency for other streams; the fake captures one
+    // stream only, and the backend records its timing events outside the capture.
+    Misuse("cuEventRecord on a stream being captured (not modelled by the fake)");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   if (event->context != stream->context) {
     Misuse("cuEventRecord: the event and the stream belong to different contexts");
     return CUDA_ERROR_INVALID_HANDLE;
@@ -1051,13 +1113,15 @@ CUresult Fake_cuEventRecord(CUevent event, CUstream stream) {
     std::lock_guard<std::mutex> lock(event->mu);
     ticket = ++event->recorded;
   }
-  stream->Enqueue([event, ticket] {
-    std::lock_guard<std::mutex> lock(event->mu);
-    event->reached = std::max(event->reached, ticket);
-    event->when = Clock::now();
-    event->cv.notify_all();
-    return CUDA_SUCCESS;
-  });
+  stream->Enqueue(
+      [event, ticket] {
+        std::lock_guard<std::mutex> lock(event->mu);
+        event->reached = std::max(event->reached, ticket);
+        event->when = Clock::now();
+        event->cv.notify_all();
+        return CUDA_SUCCESS;
+      },
+      "event record");
   return CUDA_SUCCESS;
 }
 
@@ -1073,6 +1137,7 @@ CUresult Fake_cuEventQuery(CUevent event) {
 
 CUresult Fake_cuEventSynchronize(CUevent event) {
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = NotWhileCapturing("cuEventSynchronize"); r != CUDA_SUCCESS) return r;
   for (;;) {
     CUresult r = Fake_cuEventQuery(event);
     if (r != CUDA_ERROR_NOT_READY) return r;
@@ -1100,6 +1165,7 @@ CUresult Fake_cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
 CUresult Fake_cuMemAlloc(CUdeviceptr* ptr, size_t bytes) {
   CUctx_st* c = nullptr;
   if (CUresult r = RequireCurrent("cuMemAlloc", &c); r != CUDA_SUCCESS) return r;
+  if (CUresult r = NotWhileCapturing("cuMemAlloc"); r != CUDA_SUCCESS) return r;
   if (CUresult r = Injected("cuMemAlloc"); r != CUDA_SUCCESS) return r;
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   const uint64_t size = (bytes + 255) / 256 * 256;
@@ -1121,6 +1187,7 @@ CUresult Fake_cuMemAlloc(CUdeviceptr* ptr, size_t bytes) {
 CUresult Fake_cuMemFree(CUdeviceptr ptr) {
   CUctx_st* c = nullptr;
   if (CUresult r = RequireCurrent("cuMemFree", &c); r != CUDA_SUCCESS) return r;
+  if (CUresult r = NotWhileCapturing("cuMemFree"); r != CUDA_SUCCESS) return r;
   Global& g = G();
   std::lock_guard<std::mutex> lock(g.mu);
   auto it = g.allocations.find(static_cast<uintptr_t>(ptr));
@@ -1309,10 +1376,17 @@ CUresult Fake_cuMemsetD8Async(CUdeviceptr ptr, unsigned char value, size_t n, CU
   if (CUresult r = CheckRange(stream->context, ptr, n, "cuMemsetD8Async"); r != CUDA_SUCCESS) {
     return r;
   }
-  stream->Enqueue([ptr, value, n] {
-    std::memset(reinterpret_cast<void*>(ptr), value, n);
-    return CUDA_SUCCESS;
-  });
+  stream->Enqueue(
+      [ptr, value, n, context = stream->context] {
+        // Checked again as it runs: a graph may replay it after the memory was freed.
+        if (!Owned(context, static_cast<uintptr_t>(ptr), n)) {
+          DeviceError("memset: illegal address (the memory is no longer allocated)");
+          return CUDA_ERROR_ILLEGAL_ADDRESS;
+        }
+        std::memset(reinterpret_cast<void*>(ptr), value, n);
+        return CUDA_SUCCESS;
+      },
+      "memset");
   return CUDA_SUCCESS;
 }
 
@@ -1326,11 +1400,13 @@ CUresult Fake_cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUst
       r != CUDA_SUCCESS) {
     return r;
   }
-  stream->Enqueue([dst, src, n, serial] {
-    CheckStillRegistered(src, serial, "cuMemcpyHtoDAsync");
-    std::memcpy(reinterpret_cast<void*>(dst), src, n);
-    return CUDA_SUCCESS;
-  });
+  stream->Enqueue(
+      [dst, src, n, serial] {
+        CheckStillRegistered(src, serial, "cuMemcpyHtoDAsync");
+        std::memcpy(reinterpret_cast<void*>(dst), src, n);
+        return CUDA_SUCCESS;
+      },
+      "memcpy");
   return CUDA_SUCCESS;
 }
 
@@ -1344,11 +1420,13 @@ CUresult Fake_cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s
       r != CUDA_SUCCESS) {
     return r;
   }
-  stream->Enqueue([dst, src, n, serial] {
-    CheckStillRegistered(dst, serial, "cuMemcpyDtoHAsync");
-    std::memcpy(dst, reinterpret_cast<const void*>(src), n);
-    return CUDA_SUCCESS;
-  });
+  stream->Enqueue(
+      [dst, src, n, serial] {
+        CheckStillRegistered(dst, serial, "cuMemcpyDtoHAsync");
+        std::memcpy(dst, reinterpret_cast<const void*>(src), n);
+        return CUDA_SUCCESS;
+      },
+      "memcpy");
   return CUDA_SUCCESS;
 }
 
@@ -1357,10 +1435,18 @@ CUresult Fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUst
   CUresult r = CheckRange(stream->context, dst, n, "cuMemcpyDtoDAsync (destination)");
   if (r == CUDA_SUCCESS) r = CheckRange(stream->context, src, n, "cuMemcpyDtoDAsync (source)");
   if (r != CUDA_SUCCESS) return r;
-  stream->Enqueue([dst, src, n] {
-    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
-    return CUDA_SUCCESS;
-  });
+  stream->Enqueue(
+      [dst, src, n, context = stream->context] {
+        // Checked again as it runs: a graph may replay it after the memory was freed.
+        if (!Owned(context, static_cast<uintptr_t>(dst), n) ||
+            !Owned(context, static_cast<uintptr_t>(src), n)) {
+          DeviceError("device-to-device copy: illegal address (the memory is no longer allocated)");
+          return CUDA_ERROR_ILLEGAL_ADDRESS;
+        }
+        std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+        return CUDA_SUCCESS;
+      },
+      "memcpy");
   return CUDA_SUCCESS;
 }
 
@@ -1576,28 +1662,32 @@ CUresult Fake_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, uns
     }
   }
   if (!G().fault_kernel.empty() && G().fault_kernel == name) {
-    stream->Enqueue([name] {
-      DeviceError(std::string("kernel ") + name +
-                  ": illegal address (TESSERA_FAKE_CUDA_FAULT_KERNEL)");
-      return CUDA_ERROR_ILLEGAL_ADDRESS;
-    });
+    stream->Enqueue(
+        [name] {
+          DeviceError(std::string("kernel ") + name +
+                      ": illegal address (TESSERA_FAKE_CUDA_FAULT_KERNEL)");
+          return CUDA_ERROR_ILLEGAL_ADDRESS;
+        },
+        name);
     return CUDA_SUCCESS;
   }
-  stream->Enqueue([kernel, launch, context, grid, block] {
-    std::vector<tf::DeviceRange> memory;
-    {
-      std::lock_guard<std::mutex> lock(G().mu);
-      memory.reserve(G().allocations.size());
-      for (const auto& [address, a] : G().allocations) {
-        memory.push_back({address, a.requested, a.size + kGuardBytes, a.context});
-      }
-    }
-    std::string message;
-    const int error =
-        tf::RunHostKernel(*kernel, grid, block, launch->pointers.data(), memory, context, &message);
-    if (error != CUDA_SUCCESS) DeviceError(message);
-    return static_cast<CUresult>(error);
-  });
+  stream->Enqueue(
+      [kernel, launch, context, grid, block] {
+        std::vector<tf::DeviceRange> memory;
+        {
+          std::lock_guard<std::mutex> lock(G().mu);
+          memory.reserve(G().allocations.size());
+          for (const auto& [address, a] : G().allocations) {
+            memory.push_back({address, a.requested, a.size + kGuardBytes, a.context});
+          }
+        }
+        std::string message;
+        const int error = tf::RunHostKernel(*kernel, grid, block, launch->pointers.data(), memory,
+                                            context, &message);
+        if (error != CUDA_SUCCESS) DeviceError(message);
+        return static_cast<CUresult>(error);
+      },
+      name);
   return CUDA_SUCCESS;
 }
 
@@ -1640,6 +1730,157 @@ constexpr ErrorText kErrors[] = {
     {CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, "CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION",
      "invalid resource configuration"},
 };
+
+// ---- graphs: stream capture, instantiation, launch, update ------------------------------
+
+CUresult Fake_cuStreamBeginCapture(CUstream stream, CUstreamCaptureMode mode) {
+  if (CUresult r = StreamIn(stream, "cuStreamBeginCapture"); r != CUDA_SUCCESS) return r;
+  if (CUresult r = Injected("cuStreamBeginCapture"); r != CUDA_SUCCESS) return r;
+  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  {
+    std::lock_guard<std::mutex> lock(stream->mu);
+    if (stream->capture != nullptr) {
+      Misuse("cuStreamBeginCapture of a stream already being captured");
+      return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    stream->capture = std::make_unique<CUgraph_st>();
+    stream->capture->context = stream->context;
+    stream->capture_thread = std::this_thread::get_id();
+    stream->capture_mode = mode;
+  }
+  if (mode != CU_STREAM_CAPTURE_MODE_RELAXED) ++t_strict_captures;
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::unique_ptr<CUgraph_st> captured;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  {
+    std::lock_guard<std::mutex> lock(stream->mu);
+    if (stream->capture == nullptr) {
+      Misuse("cuStreamEndCapture of a stream not being captured");
+      return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    if (stream->capture_thread != std::this_thread::get_id() &&
+        stream->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+      Misuse("cuStreamEndCapture from a thread other than the one that began the capture");
+      return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    }
+    captured = std::move(stream->capture);
+    mode = stream->capture_mode;
+  }
+  if (mode != CU_STREAM_CAPTURE_MODE_RELAXED) --t_strict_captures;
+  *graph = captured.release();
+  Track(FakeCudaKind::kGraph, *graph, nullptr, "cuStreamEndCapture");
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuGraphDestroy(CUgraph graph) {
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  {
+    std::lock_guard<std::mutex> lock(G().mu);
+    if (!UntrackLocked(FakeCudaKind::kGraph, graph)) {
+      Misuse("cuGraphDestroy of a graph destroyed before (or never made)");
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  delete graph;  // its nodes' data (a cuBLAS call's) go with the last graph holding them
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
+                                          unsigned long long flags) {
+  if (exec == nullptr || graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;  // the backend asks for none
+  CUctx_st* c = nullptr;
+  if (CUresult r = RequireCurrent("cuGraphInstantiateWithFlags", &c); r != CUDA_SUCCESS) return r;
+  if (CUresult r = Injected("cuGraphInstantiateWithFlags"); r != CUDA_SUCCESS) return r;
+  if (c != graph->context) {
+    Misuse("cuGraphInstantiateWithFlags in a context other than the one the graph's work is in");
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  auto* e = new CUgraphExec_st{c, graph->nodes};
+  Track(FakeCudaKind::kGraphExec, e, c, "cuGraphInstantiateWithFlags");
+  *exec = e;
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuGraphExecDestroy(CUgraphExec exec) {
+  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (exec->context->destroyed.load()) {
+    Misuse("cuGraphExecDestroy after its context was destroyed (and freed it)");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  {
+    std::lock_guard<std::mutex> lock(G().mu);
+    if (!UntrackLocked(FakeCudaKind::kGraphExec, exec)) {
+      Misuse("cuGraphExecDestroy of an executable graph destroyed before");
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  exec->nodes.clear();  // the struct is kept, like a destroyed stream's
+  Keep(exec);
+  return CUDA_SUCCESS;
+}
+
+CUresult Fake_cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = StreamIn(stream, "cuGraphLaunch"); r != CUDA_SUCCESS) return r;
+  if (CUresult r = Injected("cuGraphLaunch"); r != CUDA_SUCCESS) return r;
+  if (exec->context != stream->context) {
+    Misuse("cuGraphLaunch on a stream of another context than the graph's");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (stream->Capturing()) {
+    Misuse("cuGraphLaunch into a stream being captured (not modelled by the fake)");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  // The nodes as they are now: a later update changes the next launch, not this one.
+  stream->Enqueue(
+      [nodes = exec->nodes] {
+        for (const GraphNode& node : nodes) {
+          if (CUresult r = node.run(); r != CUDA_SUCCESS) return r;
+        }
+        return CUDA_SUCCESS;
+      },
+      "graph");
+  return CUDA_SUCCESS;
+}
+
+// Takes `graph`'s node parameters into `exec` when both have the same nodes in the same order
+// (kernels: the same function); otherwise CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE with the
+// reason, and `exec` unchanged.
+CUresult Fake_cuGraphExecUpdate(CUgraphExec exec, CUgraph graph,
+                                CUgraphExecUpdateResultInfo* info) {
+  if (exec == nullptr || graph == nullptr || info == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = Injected("cuGraphExecUpdate"); r != CUDA_SUCCESS) return r;
+  *info = CUgraphExecUpdateResultInfo{};
+  if (graph->context != exec->context) {
+    info->result = CU_GRAPH_EXEC_UPDATE_ERROR;
+    return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+  }
+  if (graph->nodes.size() != exec->nodes.size()) {
+    info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+    return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+  }
+  for (size_t i = 0; i < graph->nodes.size(); ++i) {
+    if (graph->nodes[i].kind != exec->nodes[i].kind) {
+      info->result = graph->nodes[i].kind.find(' ') == std::string::npos &&
+                             exec->nodes[i].kind.find(' ') == std::string::npos
+                         ? CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED
+                         : CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
+      return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    }
+  }
+  exec->nodes = graph->nodes;
+  info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+  return CUDA_SUCCESS;
+}
 
 CUresult Fake_cuGetErrorName(CUresult error, const char** name) {
   for (const ErrorText& e : kErrors) {
@@ -1746,6 +1987,13 @@ const std::vector<Entry>& Entries() {
       FAKE_ENTRY(cuModuleGetFunction),
       FAKE_ENTRY(cuGetErrorName),
       FAKE_ENTRY(cuGetErrorString),
+      FAKE_ENTRY(cuStreamBeginCapture),
+      FAKE_ENTRY(cuStreamEndCapture),
+      FAKE_ENTRY(cuGraphDestroy),
+      FAKE_ENTRY(cuGraphInstantiateWithFlags),
+      FAKE_ENTRY(cuGraphExecDestroy),
+      FAKE_ENTRY(cuGraphLaunch),
+      FAKE_ENTRY(cuGraphExecUpdate),
       FAKE_GREEN(cuDeviceGetDevResource),
       FAKE_GREEN(cuDevSmResourceSplitByCount),
       FAKE_GREEN(cuDevResourceGenerateDesc),
@@ -1889,9 +2137,11 @@ FAKE_EXPORT int tessera_fake_cuda_stream_context(CUstream stream, CUcontext* out
   return CUDA_SUCCESS;
 }
 
-FAKE_EXPORT int tessera_fake_cuda_enqueue(CUstream stream, int (*op)(void*), void* data) {
+FAKE_EXPORT int tessera_fake_cuda_enqueue(CUstream stream, int (*op)(void*), void* data,
+                                          void (*release)(void*)) {
+  std::shared_ptr<void> held(data, release);
   if (CUresult r = StreamIn(stream, "tessera_fake_cuda_enqueue"); r != CUDA_SUCCESS) return r;
-  stream->Enqueue([op, data] { return static_cast<CUresult>(op(data)); });
+  stream->Enqueue([op, held] { return static_cast<CUresult>(op(held.get())); }, "cublas");
   return CUDA_SUCCESS;
 }
 

@@ -26,15 +26,25 @@ enum class FakeCudaKind : int {
   kLibrary,           // cuLibraryLoadData
   kModule,            // cuModuleLoadData (in the current context)
   kHostRegistration,  // cuMemHostRegister (in the current context)
+  kGraph,             // cuStreamEndCapture (a captured graph; no context of its own)
+  kGraphExec,         // cuGraphInstantiateWithFlags (in the graph's context)
 };
-inline constexpr int kFakeCudaKinds = 9;
+inline constexpr int kFakeCudaKinds = 11;
 
 /// "stream" (the report's word for a kind).
 inline const char* FakeCudaKindName(FakeCudaKind kind) {
   static constexpr std::array<const char*, kFakeCudaKinds> kNames = {
-      "context",           "green context",          "stream",  "event",
-      "device allocation", "pinned host allocation", "library", "module",
+      "context",
+      "green context",
+      "stream",
+      "event",
+      "device allocation",
+      "pinned host allocation",
+      "library",
+      "module",
       "host registration",
+      "graph",
+      "executable graph",
   };
   return kNames[static_cast<size_t>(kind)];
 }
@@ -117,9 +127,12 @@ using FakeCudaCallsFn = long (*)(char* text, int size);
 // For the fake cuBLAS (fake_cublas.cc), declared there with the driver's types:
 //   int tessera_fake_cuda_stream_context(CUstream, CUcontext* out)
 //       the context a stream belongs to.
-//   int tessera_fake_cuda_enqueue(CUstream, int (*op)(void*), void* data)
+//   int tessera_fake_cuda_enqueue(CUstream, int (*op)(void*), void* data,
+//                                 void (*release)(void*))
 //       runs op(data) on the stream in order; a nonzero CUresult it returns is a sticky
-//       fault of the stream's context, like a kernel's.
+//       fault of the stream's context, like a kernel's. release(data) once the operation is
+//       done with: after it ran, or, captured into a graph, when the last graph holding it
+//       goes (a graph may run it many times).
 //   int tessera_fake_cuda_check_range(CUstream, unsigned long long ptr,
 //                                     unsigned long long bytes, char* why, int size)
 //       CUDA_SUCCESS when [ptr, ptr + bytes) lies inside one allocation (the size requested)
