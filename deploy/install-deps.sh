@@ -10,6 +10,9 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libsqlite3-dev libssl-dev libeigen3-dev libopenblas-dev
   prometheus-cpp-dev libcli11-dev libtcmalloc-minimal4
+  # the fleet's store: etcd's v3 .proto files (compiled into the server) and etcd itself
+  # (tests start it on loopback)
+  golang-etcd-server-dev etcd-server
   # tests (systemd-analyze and yamllint check deploy/; promtool checks a live /metrics scrape
   # and curl scrapes it over mutual TLS; clang builds the libFuzzer targets)
   libgtest-dev libgmock-dev openssl curl systemd yamllint prometheus clang libclang-rt-dev
