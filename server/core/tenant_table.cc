@@ -223,7 +223,12 @@ absl::StatusOr<TenantTable::Registered> TenantTable::Register(TenantSpec spec) {
                    backend_->CreateContext(ContextRequest{spec.id, spec.quota, device}));
   entry->runtime =
       std::make_shared<TenantRuntime>(spec.id, spec.quota, std::move(context), scheduler_, device);
-  RETURN_IF_ERROR(store_->Insert(entry->record));
+  // The fleet's directory first: it decides whether the id is free anywhere in the fleet.
+  if (options_.directory != nullptr) RETURN_IF_ERROR(options_.directory->Create(entry->record));
+  if (absl::Status stored = store_->Insert(entry->record); !stored.ok()) {
+    if (options_.directory != nullptr) (void)options_.directory->Remove(spec.id);
+    return stored;
+  }
 
   Registered result{ViewOf(*entry), std::move(api_key)};
   absl::MutexLock lock(&mu_);
@@ -289,6 +294,7 @@ absl::StatusOr<TenantView> TenantTable::Update(absl::string_view id, const Metad
     record.labels = *update.labels;
   }
   record.update_time = NowMicros();
+  if (options_.directory != nullptr) RETURN_IF_ERROR(options_.directory->Update(record));
   RETURN_IF_ERROR(store_->Update(record));
 
   absl::MutexLock lock(&mu_);
@@ -300,6 +306,7 @@ absl::StatusOr<TenantView> TenantTable::Update(absl::string_view id, const Metad
 absl::StatusOr<TenantTable::Deregistered> TenantTable::Deregister(absl::string_view id) {
   absl::MutexLock mutation(&mutation_mu_);
   RETURN_IF_ERROR(RecordOf(id).status());
+  if (options_.directory != nullptr) RETURN_IF_ERROR(options_.directory->Remove(id));
   RETURN_IF_ERROR(store_->Delete(id));
   std::unique_ptr<Entry> entry;
   {
@@ -327,6 +334,7 @@ absl::StatusOr<TenantTable::RotatedKey> TenantTable::RotateKey(absl::string_view
   ASSIGN_OR_RETURN(std::string api_key, NewTenantKey(id));
   record.key_hash = HashCredential(api_key);
   record.key_create_time = NowMicros();
+  if (options_.directory != nullptr) RETURN_IF_ERROR(options_.directory->Update(record));
   RETURN_IF_ERROR(store_->Update(record));
 
   RotatedKey result{std::move(api_key), record.key_create_time};

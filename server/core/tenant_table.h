@@ -19,6 +19,7 @@
 #include "server/core/job_scheduler.h"
 #include "server/core/memory_ledger.h"
 #include "server/core/tenant.h"
+#include "server/core/tenant_directory.h"
 #include "server/core/tenant_runtime.h"
 #include "server/store/tenant_store.h"
 
@@ -45,6 +46,9 @@ class TenantTable {
     uint32_t device_in_flight = 0;
     /// Tenant-defined kernels per tenant (DefineKernel refuses more).
     size_t max_kernels_per_tenant = 64;
+    /// The fleet's directory (not owned; outlives the table), or null on a single server:
+    /// Register, Update, RotateKey and Deregister write it before the local store.
+    TenantDirectory* directory = nullptr;
   };
 
   /// Restores every stored tenant and rebuilds its context. `store` and `backend` are not

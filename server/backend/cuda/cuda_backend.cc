@@ -275,6 +275,8 @@ void CudaBackend::CompletionLoop() {
   bool busy = false;
   // The last time a job was enqueued or finished: polls are spaced by how long ago that was.
   absl::Time progress = absl::Now();
+  // Whether an enqueue restarted the spin since the last job finished.
+  bool respun = false;
   for (;;) {
     std::vector<CudaContext::Finished> finished;
     std::vector<int> faulted;
@@ -296,7 +298,12 @@ void CudaBackend::CompletionLoop() {
         }
       }
       if (stopping_) return;
-      if (std::exchange(woken_, false)) progress = absl::Now();
+      // An enqueued job starts the spin again, but only once between two finished jobs: a
+      // tenant enqueuing often behind long jobs would otherwise keep the thread spinning.
+      if (std::exchange(woken_, false) && (!busy || !respun)) {
+        progress = absl::Now();
+        respun = busy;
+      }
       reported = std::exchange(reported_fatal_, CUDA_SUCCESS);
     }
     if (busy && !host_function_completion_ &&
@@ -311,7 +318,10 @@ void CudaBackend::CompletionLoop() {
         errors.push_back(r);
       }
     });
-    if (!finished.empty()) progress = absl::Now();
+    if (!finished.empty()) {
+      progress = absl::Now();
+      respun = false;
+    }
     CudaContext::Deliver(finished);
     for (size_t i = 0; i < faulted.size(); ++i) OnDeviceFault(faulted[i], errors[i]);
     // One no remaining context reported (its context was destroyed, or never created).

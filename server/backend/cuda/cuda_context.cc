@@ -898,31 +898,46 @@ bool CudaContext::LaunchProgramLocked(Incarnation& inc, CUstream s, int stream,
                                       const std::vector<Step>& steps, absl::Status& status) {
   std::string key = ProgramKey(steps, stream);
   std::vector<CUdeviceptr> addresses = ProgramAddresses(steps);
+  // A program the driver would not capture, instantiate or launch is not tried again (until
+  // the sightings are forgotten): it runs step by step.
+  auto never = [&] {
+    inc.programs.erase(key);
+    if (inc.program_sightings.size() >= kMaxProgramSightings) inc.program_sightings.clear();
+    inc.program_sightings[key] = -1;
+    return false;
+  };
+  // Launches `exec`; a refusal that is not sticky falls back to step by step.
+  auto launch = [&](CUgraphExec exec) {
+    CUresult r = driver_.cuGraphLaunch(exec, s);
+    if (r == CUDA_SUCCESS) return true;
+    if (!ClassifyCudaError(r).sticky) return never();
+    status = Failed(r, "launching a program's graph");
+    return true;
+  };
   auto it = inc.programs.find(key);
   if (it == inc.programs.end()) {
     // The first run goes step by step: it loads the kernels, creates the cuBLAS handle and
     // the stream's workspace (none of which may happen during a capture), and a program run
     // once is never captured.
     if (inc.program_sightings.size() >= kMaxProgramSightings) inc.program_sightings.clear();
-    if (++inc.program_sightings[key] < 2) return false;
+    int& seen = inc.program_sightings[key];
+    if (seen < 0 || ++seen < 2) return false;
   } else if (it->second.addresses == addresses) {
     it->second.last_use = ++inc.program_clock;
-    CUresult r = driver_.cuGraphLaunch(it->second.exec.get(), s);
-    if (r != CUDA_SUCCESS) status = Failed(r, "launching a program's graph");
-    return true;
+    TouchUserModulesLocked(inc, steps);
+    return launch(it->second.exec.get());
   }
   for (const Step& step : steps) {
     if (UsesCublas(step.plan) && (!inc.blas || !inc.blas.HasWorkspace(s))) return false;
   }
   // Captured in this thread's mode: the backend's other threads (the completion thread's
-  // polls, copies) are not restricted meanwhile.
+  // polls, copies) are not restricted meanwhile. Nothing between the beginning and the end
+  // of the capture allocates or faults the context (no temporaries, no new handle).
   CUresult r = driver_.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
   if (r != CUDA_SUCCESS) {
-    if (ClassifyCudaError(r).sticky) {
-      status = Failed(r, "capturing a program");
-      return true;
-    }
-    return false;
+    if (!ClassifyCudaError(r).sticky) return never();
+    status = Failed(r, "capturing a program");
+    return true;
   }
   std::vector<std::shared_ptr<DeviceBuffer>> no_temps;
   absl::Status launched;
@@ -932,28 +947,29 @@ bool CudaContext::LaunchProgramLocked(Incarnation& inc, CUstream s, int stream,
   }
   CUgraph captured = nullptr;
   r = driver_.cuStreamEndCapture(s, &captured);
-  Graph graph(driver_, captured);
-  if (inc.lost.load()) {  // a sticky error while capturing: the job is failed
-    graph.Abandon();
-    status = launched.ok() ? Failed(r, "capturing a program") : launched;
+  Graph graph(driver_, captured);  // a host object: destroyed here whatever happens
+  if (r != CUDA_SUCCESS) {
+    // The stream's state is unknown: the job fails rather than launch into a capture.
+    never();
+    status = Failed(r, "ending a program's capture");
+    if (status.ok()) status = absl::InternalError("ending a program's capture failed");
     return true;
   }
-  if (!launched.ok() || r != CUDA_SUCCESS) return false;  // nothing ran: step by step instead
+  if (!launched.ok()) return never();  // nothing ran: step by step reports the failing step
   if (it != inc.programs.end()) {
     CUgraphExecUpdateResultInfo info{};
     if (driver_.cuGraphExecUpdate(it->second.exec.get(), graph.get(), &info) == CUDA_SUCCESS) {
       it->second.addresses = std::move(addresses);
       it->second.last_use = ++inc.program_clock;
-      r = driver_.cuGraphLaunch(it->second.exec.get(), s);
-      if (r != CUDA_SUCCESS) status = Failed(r, "launching a program's graph");
-      return true;
+      TouchUserModulesLocked(inc, steps);
+      return launch(it->second.exec.get());
     }
     inc.programs.erase(it);  // another shape of graph (cuBLAS chose other kernels): anew
   }
   CUgraphExec exec = nullptr;
   r = driver_.cuGraphInstantiateWithFlags(&exec, graph.get(), 0);
   if (r != CUDA_SUCCESS) {
-    if (!ClassifyCudaError(r).sticky) return false;
+    if (!ClassifyCudaError(r).sticky) return never();
     status = Failed(r, "instantiating a program's graph");
     return true;
   }
@@ -968,9 +984,16 @@ bool CudaContext::LaunchProgramLocked(Incarnation& inc, CUstream s, int stream,
   program.exec = GraphExec(driver_, exec);
   program.addresses = std::move(addresses);
   program.last_use = ++inc.program_clock;
-  r = driver_.cuGraphLaunch(exec, s);
-  if (r != CUDA_SUCCESS) status = Failed(r, "launching a program's graph");
-  return true;
+  TouchUserModulesLocked(inc, steps);
+  return launch(exec);
+}
+
+void CudaContext::TouchUserModulesLocked(Incarnation& inc, const std::vector<Step>& steps) {
+  for (const Step& step : steps) {
+    if (step.plan.user == nullptr) continue;
+    auto it = inc.user_modules.find(step.plan.user->program.hash);
+    if (it != inc.user_modules.end()) it->second.last_use = ++inc.user_clock;
+  }
 }
 
 void CudaContext::PollLocked(std::vector<Finished>& finished) {

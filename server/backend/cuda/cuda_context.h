@@ -25,6 +25,10 @@
 
 namespace tessera::cuda {
 
+/// Programs kept as CUDA graphs per tenant context, and programs remembered as seen once.
+inline constexpr size_t kMaxProgramsPerContext = 32;
+inline constexpr size_t kMaxProgramSightings = 256;
+
 /// A tenant's CUDA context: an MPS client context, a green context or a plain one
 /// (ContextPlan), rebuilt after a sticky fault (each build an Incarnation).
 ///
@@ -32,7 +36,9 @@ namespace tessera::cuda {
 /// - `copy_mu_` serializes the copy stream, the pinned staging buffers and the registered
 ///   host ranges: Allocate (zero-filling), CopyIn, CopyInPieces, CopyOut, RegisterHost and a
 ///   Registration's release take it. Never taken by the completion thread.
-/// - `mu_` guards the incarnation, the streams' waiting and pending jobs and the busy time:
+/// - `mu_` guards the incarnation (its graphs, modules and spare events included), the
+///   streams' waiting and pending jobs and the busy time; a program's capture as a CUDA graph
+///   runs under it (LaunchProgramLocked):
 ///   Enqueue, Poll, CheckSticky, FaultWith, InjectFault, Start and busy_time take it; the
 ///   *Locked methods require it. It is never held while a job's callback runs (Deliver is
 ///   called with no lock held).
@@ -41,10 +47,6 @@ namespace tessera::cuda {
 ///   (image callbacks, host registrations) is taken before either.
 /// - Enqueue is called by the core with no lock of the core held; Poll, CheckSticky and
 ///   FaultWith by the backend's completion thread (CudaBackend::CompletionLoop).
-/// Programs kept as CUDA graphs per tenant context, and programs remembered as seen once.
-inline constexpr size_t kMaxProgramsPerContext = 32;
-inline constexpr size_t kMaxProgramSightings = 256;
-
 class CudaContext final : public TenantContext {
  public:
   /// A job that ended, with its callback and what it held.
@@ -273,12 +275,19 @@ class CudaContext final : public TenantContext {
   /// kernels, shapes, attributes, stream) captures and instantiates them, later runs launch
   /// the graph as it is when the tensors' addresses are the same, or after updating its nodes
   /// from a new capture (cuGraphExecUpdate) when they are not. False when it launched nothing
-  /// (the first run, a capture the driver refused): the caller launches step by step. True
-  /// otherwise, with `status` the launch's failure if any (the job then fails as a whole: no
-  /// step ran). At most kMaxProgramsPerContext graphs per incarnation, least recently used
-  /// evicted; destroyed with the incarnation.
+  /// (the first run; a capture, instantiation or launch the driver refused without a fault,
+  /// after which the program is not tried as a graph again): the caller launches step by
+  /// step. True otherwise, with `status` the failure if any (a sticky error, or a capture that
+  /// could not be ended: the job then fails as a whole, no step ran). At most
+  /// kMaxProgramsPerContext graphs per incarnation, least recently used evicted; destroyed with the
+  /// incarnation.
   bool LaunchProgramLocked(Incarnation& inc, CUstream s, int stream, const std::vector<Step>& steps,
                            absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  /// Marks the tenant-defined kernels `steps` launch as used now (a graph launches them
+  /// without LaunchStep), so that the least recently launched module is unloaded first.
+  void TouchUserModulesLocked(Incarnation& inc, const std::vector<Step>& steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void PollLocked(std::vector<Finished>& finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -1,0 +1,117 @@
+#ifndef TESSERA_SERVER_FLEET_FLEET_H_
+#define TESSERA_SERVER_FLEET_FLEET_H_
+
+// One server as a node of a fleet whose directory lives in etcd (docs/fleet.md): the node's
+// entry under a lease it keeps alive, and the tenants homed here, written to etcd before
+// they are acknowledged.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+
+#include "server/core/tenant_directory.h"
+#include "server/fleet/etcd_client.h"
+
+namespace tessera::fleet {
+
+/// One device of a node as the fleet sees it.
+struct DeviceCapacity {
+  int index = 0;
+  std::string name;
+  uint64_t memory_bytes = 0;
+  /// Memory not reserved by tenants' quotas (capacity × overcommit − reserved).
+  uint64_t free_memory_bytes = 0;
+  uint32_t tenants = 0;
+  /// The MPS client limit (0: none).
+  uint32_t context_limit = 0;
+};
+
+/// A node's entry in etcd (`<prefix>nodes/<name>`, on the node's lease).
+struct NodeRecord {
+  std::string name;
+  /// host:port clients reach it at.
+  std::string address;
+  std::string backend;
+  std::vector<DeviceCapacity> devices;
+  bool draining = false;
+  absl::Time started;
+};
+
+class Fleet final : public TenantDirectory {
+ public:
+  struct Options {
+    std::vector<std::string> etcd_endpoints;
+    std::string node_name;
+    std::string advertise_address;
+    std::string backend;
+    /// The node's lease: it leaves the fleet this long after its last renewal.
+    absl::Duration lease_ttl = absl::Seconds(10);
+    /// Every key of the fleet starts with this.
+    std::string prefix = "/tessera/v1/";
+    absl::Duration etcd_timeout = absl::Seconds(3);
+  };
+
+  /// Joins: grants the node's lease and creates its entry. FAILED_PRECONDITION when a live
+  /// node already has the name; UNAVAILABLE when etcd cannot be reached. `capacity` is asked
+  /// for the node's devices at every renewal (from the renewing thread).
+  static absl::StatusOr<std::unique_ptr<Fleet>> Join(
+      Options options, std::function<std::vector<DeviceCapacity>()> capacity);
+  /// Leaves: stops renewing and revokes the lease (the entry goes at once).
+  ~Fleet() override;
+
+  /// Every live node, by name.
+  absl::StatusOr<std::vector<NodeRecord>> Nodes();
+
+  // TenantDirectory: `<prefix>tenants/<id>`, created only if absent.
+  absl::Status Create(const TenantRecord& record) override;
+  absl::Status Update(const TenantRecord& record) override;
+  absl::Status Remove(absl::string_view id) override;
+  const std::string& node_name() const override { return options_.node_name; }
+
+  /// The etcd endpoints, for messages.
+  const std::string& etcd() const { return etcd_->endpoints(); }
+
+ private:
+  Fleet(Options options, std::unique_ptr<EtcdClient> etcd,
+        std::function<std::vector<DeviceCapacity>()> capacity);
+
+  std::string NodeKey() const { return options_.prefix + "nodes/" + options_.node_name; }
+  std::string TenantKey(absl::string_view id) const;
+  std::string NodeJson() const;
+  /// Grants a lease and creates the node's entry on it; FAILED_PRECONDITION when the name is
+  /// taken by a live node.
+  absl::Status Register() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Renews the lease every third of its TTL; registers again when it expired (etcd was away
+  /// longer than the TTL), and keeps trying while etcd is unreachable.
+  void RenewLoop();
+
+  const Options options_;
+  const std::unique_ptr<EtcdClient> etcd_;
+  const std::function<std::vector<DeviceCapacity>()> capacity_;
+  const absl::Time started_;
+
+  absl::Mutex mu_;
+  int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Notification stop_;
+  std::thread renewer_;
+};
+
+/// The JSON a tenant is kept as in etcd, and back. INVALID_ARGUMENT naming the field for a
+/// value that is not one.
+std::string TenantJson(const TenantRecord& record, absl::string_view home);
+absl::StatusOr<TenantRecord> TenantFromJson(absl::string_view json, std::string* home);
+std::string NodeRecordJson(const NodeRecord& node);
+absl::StatusOr<NodeRecord> NodeRecordFromJson(absl::string_view json);
+
+}  // namespace tessera::fleet
+
+#endif  // TESSERA_SERVER_FLEET_FLEET_H_
