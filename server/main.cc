@@ -44,6 +44,16 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "TESSERA_ADMIN_TOKEN environment variable overrides it");
 ABSL_FLAG(std::string, backend, "auto", "Execution backend: auto, cpu or cuda");
 ABSL_FLAG(std::string, mps, "auto", "MPS use: auto, require or off");
+ABSL_FLAG(std::string, fleet_etcd, "",
+          "Fleet mode: etcd's client URLs (http://HOST:PORT[,...]); the node's entry and its "
+          "tenants' directory live there (docs/fleet.md). Empty: a single server");
+ABSL_FLAG(std::string, node_name, "", "Fleet mode: this node's name (default: the host name)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "Fleet mode: host:port other nodes and clients reach this node at (default: --listen "
+          "when it names a host and a port)");
+ABSL_FLAG(absl::Duration, fleet_lease_ttl, absl::Seconds(10),
+          "Fleet mode: the node leaves the fleet this long after its last lease renewal "
+          "(2s..10m)");
 ABSL_FLAG(bool, cuda_graphs, true,
           "Run a program (a Submit of several steps) as a CUDA graph from its second run on the "
           "same stream and shapes: one launch instead of one per step");
@@ -232,6 +242,7 @@ const std::vector<FlagTopic>& FlagTopics() {
        {"backend", "cpu_memory_bytes", "cpu_threads", "cpu_worker_nice", "memory_overcommit",
         "device_in_flight", "max_kernels_per_tenant", "cuda_completion", "cuda_graphs"}},
       {"MPS", {"mps", "mps_manage", "mps_base_dir", "mps_control", "mps_timeout"}},
+      {"Fleet", {"fleet_etcd", "node_name", "advertise_address", "fleet_lease_ttl"}},
       {"Metrics",
        {"metrics_listen", "metrics_token_file", "metrics_tls_cert", "metrics_tls_key",
         "metrics_tls_client_ca", "metrics_tenant_label"}},
@@ -430,6 +441,10 @@ int main(int argc, char** argv) {
   options.backend.mps = absl::GetFlag(FLAGS_mps);
   options.backend.cuda_completion = absl::GetFlag(FLAGS_cuda_completion);
   options.backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  options.fleet = {.etcd = absl::GetFlag(FLAGS_fleet_etcd),
+                   .node_name = absl::GetFlag(FLAGS_node_name),
+                   .advertise_address = absl::GetFlag(FLAGS_advertise_address),
+                   .lease_ttl = absl::GetFlag(FLAGS_fleet_lease_ttl)};
   options.metrics = {.listen = absl::GetFlag(FLAGS_metrics_listen),
                      .token_file = absl::GetFlag(FLAGS_metrics_token_file),
                      .tls_cert = absl::GetFlag(FLAGS_metrics_tls_cert),

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -162,10 +163,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   if (server->backend_->name() == "cpu") server->mps_->NotNeeded(server->backend_reason_);
 
   ASSIGN_OR_RETURN(server->store_, TenantStore::Open(server->state_dir_->File("tenants.db")));
+  if (!opts.fleet.etcd.empty()) RETURN_IF_ERROR(server->JoinFleet());
   ASSIGN_OR_RETURN(server->tenants_,
                    TenantTable::Create({.memory_overcommit = opts.memory_overcommit,
                                         .device_in_flight = opts.device_in_flight,
-                                        .max_kernels_per_tenant = opts.max_kernels_per_tenant},
+                                        .max_kernels_per_tenant = opts.max_kernels_per_tenant,
+                                        .directory = server->fleet_.get()},
                                        server->store_.get(), server->backend_.get()));
   spdlog::info("restored {} tenant(s) from {}", server->tenants_->size(),
                server->state_dir_->File("tenants.db"));
@@ -384,9 +387,71 @@ void Server::Shutdown() {
   // 6. The store closed, then the state directory unlocked.
   metrics_.reset();
   tenants_.reset();
+  fleet_.reset();  // leaves the fleet: its entry goes at once
   store_.reset();
   state_dir_.reset();
   spdlog::info("shutdown complete");
+}
+
+absl::Status Server::JoinFleet() {
+  const ServerOptions::Fleet& f = options_.fleet;
+  std::string advertise = f.advertise_address;
+  if (advertise.empty()) {
+    const size_t colon = options_.listen.rfind(':');
+    const std::string host = options_.listen.substr(0, colon);
+    const std::string port = colon == std::string::npos ? "" : options_.listen.substr(colon + 1);
+    if (host.empty() || host == "0.0.0.0" || host == "[::]" || port.empty() || port == "0") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--advertise_address: required in fleet mode when --listen (", options_.listen,
+          ") names no host or port other nodes and clients can reach"));
+    }
+    advertise = options_.listen;
+  }
+  std::string node = f.node_name;
+  if (node.empty()) {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) == 0) node = host;
+  }
+  if (f.lease_ttl < absl::Seconds(2) || f.lease_ttl > absl::Minutes(10)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--fleet_lease_ttl=", absl::FormatDuration(f.lease_ttl), ": the range is 2s..10m"));
+  }
+  std::vector<std::string> endpoints = absl::StrSplit(f.etcd, ',', absl::SkipEmpty());
+  // The node's devices and what admission has left on each, at every lease renewal.
+  auto capacity = [this] {
+    std::vector<fleet::DeviceCapacity> devices;
+    if (tenants_ == nullptr) {
+      for (const DeviceInfo& d : backend_->devices()) {
+        devices.push_back({.index = d.index,
+                           .name = d.name,
+                           .memory_bytes = d.memory_bytes,
+                           .free_memory_bytes = d.memory_bytes,
+                           .tenants = 0,
+                           .context_limit = d.context_limit});
+      }
+      return devices;
+    }
+    for (const DeviceLoad& load : tenants_->DeviceLoads()) {
+      const uint64_t reservable =
+          ReservableBytes(load.device.memory_bytes, options_.memory_overcommit);
+      devices.push_back({.index = load.device.index,
+                         .name = load.device.name,
+                         .memory_bytes = load.device.memory_bytes,
+                         .free_memory_bytes = reservable > load.reserved_bytes
+                                                  ? reservable - load.reserved_bytes
+                                                  : 0,
+                         .tenants = load.contexts,
+                         .context_limit = load.device.context_limit});
+    }
+    return devices;
+  };
+  ASSIGN_OR_RETURN(fleet_, fleet::Fleet::Join({.etcd_endpoints = std::move(endpoints),
+                                               .node_name = node,
+                                               .advertise_address = advertise,
+                                               .backend = std::string(backend_->name()),
+                                               .lease_ttl = f.lease_ttl},
+                                              capacity));
+  return absl::OkStatus();
 }
 
 size_t Server::tenant_count() const { return tenants_ == nullptr ? 0 : tenants_->size(); }

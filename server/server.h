@@ -20,6 +20,7 @@
 
 #include "server/backend/select.h"
 #include "server/core/admin_token.h"
+#include "server/fleet/fleet.h"
 #include "server/mps/ops.h"
 #include "server/service/access_log.h"
 #include "server/service/metrics.h"
@@ -80,6 +81,15 @@ struct ServerOptions {
   absl::Duration shutdown_grace = absl::ZeroDuration();
   /// Longest wait for in-flight calls at shutdown before they are cancelled.
   absl::Duration drain_timeout = absl::Seconds(10);
+  /// Fleet mode (docs/fleet.md): --fleet_etcd (comma-separated http://HOST:PORT; empty: a
+  /// single server), --node_name, --advertise_address (default: `listen` when it names a
+  /// host and a port), --fleet_lease_ttl.
+  struct Fleet {
+    std::string etcd;
+    std::string node_name;
+    std::string advertise_address;
+    absl::Duration lease_ttl = absl::Seconds(10);
+  } fleet;
   /// Called once, from a backend thread, when the backend can run nothing more in this
   /// process (Backend::SetFatalHandler); tessera-server then shuts down and exits 75 for its
   /// supervisor to restart it. Unset: the server keeps answering UNAVAILABLE.
@@ -121,6 +131,8 @@ class Server {
   size_t tenant_count() const;
 
  private:
+  /// --fleet_etcd: joins the fleet (fleet_) before the tenant table exists.
+  absl::Status JoinFleet();
   explicit Server(ServerOptions options);
   absl::Status StartHealthPort();
   /// Checks --unix_socket's path before gRPC binds it (gRPC itself would silently replace a
@@ -142,6 +154,8 @@ class Server {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<MpsOps> mps_;
   std::unique_ptr<TenantStore> store_;
+  // Before the tenant table, which writes to it; leaves the fleet after the table is gone.
+  std::unique_ptr<fleet::Fleet> fleet_;
   std::unique_ptr<TenantTable> tenants_;
   std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<SerialExecutor> mutations_;

@@ -1,6 +1,7 @@
 #include "tests/testing/etcd_process.h"
 
 #include <cstdlib>
+#include <filesystem>
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -41,6 +42,8 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(const std::strin
     return absl::FailedPreconditionError(
         absl::StrCat(etcd->binary_, " is not there: install etcd-server (deploy/install-deps.sh)"));
   }
+  std::error_code made;
+  std::filesystem::create_directories(data_parent, made);
   etcd->data_dir_ = absl::StrCat(data_parent, "/etcd");
   etcd->log_path_ = absl::StrCat(data_parent, "/etcd.log");
   etcd->client_port_ = UnusedLoopbackPort();
