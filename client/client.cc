@@ -320,6 +320,13 @@ absl::StatusOr<v1::RotateTenantKeyResponse> Client::RotateTenantKey(absl::string
   });
 }
 
+absl::StatusOr<v1::ListNodesResponse> Client::ListNodes() {
+  v1::ListNodesRequest request;
+  return Unary<v1::ListNodesResponse>(*this, [&](auto* context, auto* response) {
+    return admin_->ListNodes(context, request, response);
+  });
+}
+
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
   v1::GetServerInfoRequest request;
   return Unary<v1::ServerInfo>(*this, [&](auto* context, auto* response) {

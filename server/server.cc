@@ -192,7 +192,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
                   .backend_reason = server->backend_reason_,
                   .transport_security = server->transport_security_,
                   .memory_overcommit = opts.memory_overcommit,
-                  .start_time = absl::Now()},
+                  .start_time = absl::Now(),
+                  .directory = server->fleet_.get()},
       server->mps_.get());
   RETURN_IF_ERROR(CheckAccessLogOptions(opts.access_log));
   ASSIGN_OR_RETURN(TenantLabel tenant_label, ParseTenantLabel(opts.metrics_tenant_label));

@@ -365,6 +365,10 @@ int ServerInfo(Session& s) {
             << "mps:        " << v1::MpsDecision_Name(info->mps_decision()) << " ("
             << info->mps_reason() << ")\n"
             << "transport:  " << info->transport_security() << "\n"
+            << (info->node_name().empty()
+                    ? std::string()
+                    : absl::StrCat("node:       ", info->node_name(),
+                                   " (fleet: ", info->fleet_directory(), ")\n"))
             << "tenants:    " << info->tenant_count() << "\n"
             << "overcommit: " << info->memory_overcommit() << "\n";
   for (const auto& d : info->devices()) {
@@ -414,11 +418,41 @@ int MpsStatus(Session& s) {
   return kExitOk;
 }
 
+int NodeList(Session& s) {
+  auto nodes = s.client().ListNodes();
+  if (!nodes.ok()) return s.Failed(nodes.status());
+  if (s.json()) {
+    s.PrintJson(*nodes);
+    return kExitOk;
+  }
+  std::cout << absl::StrFormat("%-20s %-24s %-7s %7s %12s %12s %8s  %s\n", "NODE", "ADDRESS",
+                               "BACKEND", "DEVICES", "MEMORY", "FREE", "TENANTS", "STATE");
+  for (const auto& n : nodes->nodes()) {
+    uint64_t memory = 0, free = 0;
+    uint32_t tenants = 0;
+    for (const auto& d : n.devices()) {
+      memory += d.memory_bytes();
+      free += d.free_memory_bytes();
+      tenants += d.tenants();
+    }
+    std::cout << absl::StrFormat("%-20s %-24s %-7s %7d %12s %12s %8d  %s\n", n.name(), n.address(),
+                                 n.backend(), n.devices_size(), FormatBytes(memory),
+                                 FormatBytes(free), tenants, n.draining() ? "draining" : "serving");
+  }
+  return kExitOk;
+}
+
 void AddServerAndMps(CommandTree& tree) {
   CLI::App* server = tree.Group(tree.root(), "server", "The server", kAdminSection);
   tree.Command(server, "info", "Version, backend, MPS decision, devices and reservations",
                {.examples = {"tessera server info", "tessera server info --output=json"}},
                ServerInfo);
+  CLI::App* node = tree.Group(tree.root(), "node", "The fleet's nodes", kAdminSection);
+  tree.Command(node, "list", "The fleet's nodes, their devices and free memory",
+               {.details = "Asks the server's fleet directory (etcd); a single server, not in a "
+                           "fleet, answers FAILED_PRECONDITION.",
+                .examples = {"tessera node list", "tessera node list --output=json"}},
+               NodeList);
   CLI::App* mps = tree.Group(tree.root(), "mps", "NVIDIA MPS", kAdminSection);
   tree.Command(mps, "status", "MPS decision, control daemons, servers and clients",
                {.examples = {"tessera mps status"}}, MpsStatus);

@@ -1,14 +1,41 @@
 #ifndef TESSERA_SERVER_CORE_TENANT_DIRECTORY_H_
 #define TESSERA_SERVER_CORE_TENANT_DIRECTORY_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 #include "server/core/tenant.h"
 
 namespace tessera {
+
+/// One device of a fleet's node, as the node last published it.
+struct FleetDevice {
+  int index = 0;
+  std::string name;
+  uint64_t memory_bytes = 0;
+  /// Memory not reserved by tenants' quotas (capacity × overcommit − reserved).
+  uint64_t free_memory_bytes = 0;
+  uint32_t tenants = 0;
+  /// The MPS client limit (0: none).
+  uint32_t context_limit = 0;
+};
+
+/// A live node of the fleet.
+struct FleetNode {
+  std::string name;
+  /// host:port clients and other nodes reach it at.
+  std::string address;
+  std::string backend;
+  std::vector<FleetDevice> devices;
+  bool draining = false;
+  absl::Time started;
+};
 
 /// The fleet's tenant directory (server/fleet: etcd), when the server is one node of a fleet;
 /// a single server has none. TenantTable writes a tenant there before it commits the tenant
@@ -30,6 +57,10 @@ class TenantDirectory {
   virtual absl::Status Remove(absl::string_view id) = 0;
   /// This node's name: the home of the tenants it serves.
   virtual const std::string& node_name() const = 0;
+  /// Where the directory lives, for GetServerInfo ("etcd http://HOST:PORT,...").
+  virtual std::string where() const = 0;
+  /// Every live node, by name. UNAVAILABLE naming the store when it cannot be reached.
+  virtual absl::StatusOr<std::vector<FleetNode>> Nodes() = 0;
 };
 
 }  // namespace tessera

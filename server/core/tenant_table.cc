@@ -48,8 +48,10 @@ absl::Status TenantTable::QuotaImmutableError(absl::string_view id) {
       "again with the new quota (its tensors are released)"));
 }
 
-TenantView TenantTable::ViewOf(const Entry& entry) {
-  return TenantView{entry.record, entry.runtime->context_info()};
+TenantView TenantTable::ViewOf(const Entry& entry) const {
+  return TenantView{
+      entry.record, entry.runtime->context_info(),
+      options_.directory != nullptr ? options_.directory->node_name() : std::string()};
 }
 
 absl::Status TenantTable::Restore() {

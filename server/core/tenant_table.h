@@ -29,6 +29,9 @@ namespace tessera {
 struct TenantView {
   TenantRecord record;
   ContextInfo context;
+  /// The node the tenant lives on in a fleet (TenantDirectory::node_name); empty on a single
+  /// server.
+  std::string home_node;
 };
 
 /// The tenant table: registration with admission, durable state, contexts, credentials.
@@ -157,7 +160,7 @@ class TenantTable {
   std::vector<DeviceLoad> DeviceLoadsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   /// Copy of the record of `id`, or NOT_FOUND.
   absl::StatusOr<TenantRecord> RecordOf(absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);
-  static TenantView ViewOf(const Entry& entry);
+  TenantView ViewOf(const Entry& entry) const;
 
   const Options options_;
   TenantStore* const store_;

@@ -307,7 +307,7 @@ void Fleet::RenewLoop() {
   }
 }
 
-absl::StatusOr<std::vector<NodeRecord>> Fleet::Nodes() {
+absl::StatusOr<std::vector<FleetNode>> Fleet::Nodes() {
   absl::StatusOr<std::vector<KeyValue>> keys = etcd_->GetPrefix(options_.prefix + "nodes/");
   if (!keys.ok()) return keys.status();
   std::vector<NodeRecord> nodes;

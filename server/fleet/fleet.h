@@ -23,28 +23,8 @@
 
 namespace tessera::fleet {
 
-/// One device of a node as the fleet sees it.
-struct DeviceCapacity {
-  int index = 0;
-  std::string name;
-  uint64_t memory_bytes = 0;
-  /// Memory not reserved by tenants' quotas (capacity × overcommit − reserved).
-  uint64_t free_memory_bytes = 0;
-  uint32_t tenants = 0;
-  /// The MPS client limit (0: none).
-  uint32_t context_limit = 0;
-};
-
-/// A node's entry in etcd (`<prefix>nodes/<name>`, on the node's lease).
-struct NodeRecord {
-  std::string name;
-  /// host:port clients reach it at.
-  std::string address;
-  std::string backend;
-  std::vector<DeviceCapacity> devices;
-  bool draining = false;
-  absl::Time started;
-};
+using DeviceCapacity = FleetDevice;
+using NodeRecord = FleetNode;
 
 class Fleet final : public TenantDirectory {
  public:
@@ -68,8 +48,8 @@ class Fleet final : public TenantDirectory {
   /// Leaves: stops renewing and revokes the lease (the entry goes at once).
   ~Fleet() override;
 
-  /// Every live node, by name.
-  absl::StatusOr<std::vector<NodeRecord>> Nodes();
+  absl::StatusOr<std::vector<FleetNode>> Nodes() override;
+  std::string where() const override { return "etcd " + etcd_->endpoints(); }
 
   // TenantDirectory: `<prefix>tenants/<id>`, created only if absent.
   absl::Status Create(const TenantRecord& record) override;

@@ -90,6 +90,7 @@ void TenantToProto(const TenantView& view, v1::Tenant* proto) {
   TimeToProto(r.create_time, proto->mutable_create_time());
   TimeToProto(r.update_time, proto->mutable_update_time());
   TimeToProto(r.key_create_time, proto->mutable_key_create_time());
+  proto->set_home_node(view.home_node);
 }
 
 }  // namespace tessera

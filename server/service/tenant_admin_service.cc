@@ -245,8 +245,43 @@ grpc::ServerUnaryReactor* TenantAdminService::GetServerInfo(grpc::CallbackServer
                  response->set_tenant_count(tenant_count);
                  TimeToProto(facts_.start_time, response->mutable_start_time());
                  response->set_transport_security(facts_.transport_security);
+                 if (facts_.directory != nullptr) {
+                   response->set_node_name(facts_.directory->node_name());
+                   response->set_fleet_directory(facts_.directory->where());
+                 }
                  return absl::OkStatus();
                });
+}
+
+grpc::ServerUnaryReactor* TenantAdminService::ListNodes(grpc::CallbackServerContext* context,
+                                                        const v1::ListNodesRequest*,
+                                                        v1::ListNodesResponse* response) {
+  // etcd is asked (bounded by its timeout): off the gRPC threads, on the admin executor.
+  return Serve(context, "ListNodes", /*mutation=*/true, [this, response](CallLog&) -> absl::Status {
+    if (facts_.directory == nullptr) {
+      return absl::FailedPreconditionError(
+          "this server is not in a fleet (start it with --fleet_etcd)");
+    }
+    ASSIGN_OR_RETURN(std::vector<FleetNode> nodes, facts_.directory->Nodes());
+    for (const FleetNode& node : nodes) {
+      v1::Node* n = response->add_nodes();
+      n->set_name(node.name);
+      n->set_address(node.address);
+      n->set_backend(node.backend);
+      n->set_draining(node.draining);
+      TimeToProto(node.started, n->mutable_start_time());
+      for (const FleetDevice& d : node.devices) {
+        v1::NodeDevice* device = n->add_devices();
+        device->set_index(d.index);
+        device->set_name(d.name);
+        device->set_memory_bytes(d.memory_bytes);
+        device->set_free_memory_bytes(d.free_memory_bytes);
+        device->set_tenants(d.tenants);
+        device->set_context_limit(d.context_limit);
+      }
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* TenantAdminService::GetMpsStatus(grpc::CallbackServerContext* context,

@@ -7,6 +7,7 @@
 
 #include "server/backend/backend.h"
 #include "server/common/serial_executor.h"
+#include "server/core/tenant_directory.h"
 #include "server/core/tenant_table.h"
 #include "server/mps/ops.h"
 #include "server/service/auth.h"
@@ -21,6 +22,8 @@ struct ServerFacts {
   std::string transport_security;
   double memory_overcommit = 1.0;
   absl::Time start_time;
+  /// The fleet's directory (borrowed), or null on a single server.
+  TenantDirectory* directory = nullptr;
 };
 
 /// tessera.v1.TenantAdmin: a stateless adapter over the TenantTable. Authenticates, maps
@@ -52,6 +55,9 @@ class TenantAdminService final : public v1::TenantAdmin::CallbackService {
   grpc::ServerUnaryReactor* RotateTenantKey(grpc::CallbackServerContext* context,
                                             const v1::RotateTenantKeyRequest* request,
                                             v1::RotateTenantKeyResponse* response) override;
+  grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* context,
+                                      const v1::ListNodesRequest* request,
+                                      v1::ListNodesResponse* response) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::ServerInfo* response) override;

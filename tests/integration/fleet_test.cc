@@ -100,6 +100,25 @@ TEST_F(FleetTest, AnIdRegisteredThroughTwoNodesAtOnceIsRegisteredExactlyOnce) {
 
   auto admin_a = Admin(**a), admin_b = Admin(**b);
   ASSERT_TRUE(admin_a != nullptr && admin_b != nullptr);
+  // Any node lists the fleet; GetServerInfo names the node and the directory.
+  auto nodes = admin_b->ListNodes();
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  ASSERT_EQ(nodes->nodes_size(), 2);
+  EXPECT_EQ(nodes->nodes(0).name(), "a");
+  EXPECT_EQ(nodes->nodes(0).address(), (*a)->address());
+  EXPECT_EQ(nodes->nodes(1).address(), (*b)->address());
+  ASSERT_GT(nodes->nodes(1).devices_size(), 0);
+  EXPECT_GT(nodes->nodes(1).devices(0).free_memory_bytes(), 0u);
+  auto info = admin_a->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->node_name(), "a");
+  EXPECT_EQ(info->fleet_directory(), "etcd " + etcd_->endpoint());
+  auto listed = testing::RunCommand(
+      {testing::CliBinary(), "node", "list"},
+      {{"TESSERA_ADDR", (*a)->address()}, {"TESSERA_TOKEN", (*a)->AdminToken()}});
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->exit_code, 0) << listed->output;
+  EXPECT_THAT(listed->output, HasSubstr((*b)->address()));
   for (int round = 0; round < 8; ++round) {
     const std::string id = absl::StrCat("race-", round);
     absl::Status at_a, at_b;
@@ -115,9 +134,13 @@ TEST_F(FleetTest, AnIdRegisteredThroughTwoNodesAtOnceIsRegisteredExactlyOnce) {
     std::string home;
     ASSERT_TRUE(fleet::TenantFromJson((*stored)->value, &home).ok());
     EXPECT_EQ(home, at_a.ok() ? "a" : "b");
-    // The loser keeps nothing: its node does not know the tenant.
+    // The loser keeps nothing: its node does not know the tenant. The winner shows its home.
     auto& loser = at_a.ok() ? admin_b : admin_a;
+    auto& winner = at_a.ok() ? admin_a : admin_b;
     EXPECT_EQ(loser->GetTenant(id).status().code(), absl::StatusCode::kNotFound);
+    auto tenant = winner->GetTenant(id);
+    ASSERT_TRUE(tenant.ok()) << tenant.status();
+    EXPECT_EQ(tenant->home_node(), home);
   }
   // Deregistering removes the tenant from the fleet: the id is free again, on any node.
   auto dereg = admin_a->DeregisterTenant("race-0");

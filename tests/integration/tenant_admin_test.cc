@@ -179,6 +179,12 @@ TEST_F(TenantAdminTest, OverCapacityIsResourceExhaustedWithTheNumbers) {
   auto info = admin_->GetServerInfo();
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->devices(0).reserved_bytes(), 8 * kGiB);
+  // A single server is no fleet: no node name, no home, and no nodes to list.
+  EXPECT_EQ(info->node_name(), "");
+  EXPECT_EQ((*admin_->GetTenant("rest")).home_node(), "");
+  absl::Status nodes = admin_->ListNodes().status();
+  EXPECT_EQ(nodes.code(), absl::StatusCode::kFailedPrecondition) << nodes;
+  EXPECT_THAT(nodes.message(), HasSubstr("--fleet_etcd"));
 }
 
 TEST_F(TenantAdminTest, InvalidQuotasNameFieldAndLimit) {

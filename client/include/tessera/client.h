@@ -108,6 +108,8 @@ class Client {
   absl::StatusOr<v1::DeregisterTenantResponse> DeregisterTenant(absl::string_view tenant_id);
   absl::StatusOr<v1::RotateTenantKeyResponse> RotateTenantKey(absl::string_view tenant_id);
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
+  /// The nodes of the server's fleet (FAILED_PRECONDITION on a single server).
+  absl::StatusOr<v1::ListNodesResponse> ListNodes();
   absl::StatusOr<v1::MpsStatus> GetMpsStatus();
   absl::StatusOr<v1::TerminateTenantWorkResponse> TerminateTenantWork(absl::string_view tenant_id);
 
