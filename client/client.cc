@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -231,7 +232,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // the server enforces its own limit
   auto channel = grpc::CreateCustomChannel(options.address, credentials, args);
-  return std::unique_ptr<Client>(new Client(std::move(options), std::move(channel)));
+  auto client = std::unique_ptr<Client>(new Client(options, std::move(channel)));
+  if (!options.follow_home || !absl::StartsWith(options.token, "tsk_")) return client;
+  // One question: is the tenant at home here? (Compute.Locate; docs/fleet.md, "Reaching a
+  // tenant's home"). Not counted against the tenant's request quotas.
+  auto context = client->NewContext();
+  context->set_deadline(std::chrono::system_clock::now() +
+                        absl::ToChronoMilliseconds(std::min(options.timeout, absl::Seconds(5))));
+  v1::Location location;
+  grpc::Status asked = client->compute_->Locate(context.get(), v1::LocateRequest(), &location);
+  if (!asked.ok() || location.here() || location.address().empty()) return client;
+  options.address = location.address();
+  options.follow_home = false;  // one hop: the home answers for itself
+  return Connect(std::move(options));
 }
 
 Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)

@@ -182,8 +182,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
     });
   }
 
-  server->authenticator_ =
-      std::make_unique<Authenticator>(server->admin_.hash, server->tenants_.get());
+  server->authenticator_ = std::make_unique<Authenticator>(
+      server->admin_.hash, server->tenants_.get(), server->fleet_.get());
   server->mutations_ = std::make_unique<SerialExecutor>("admin mutations", kMaxPendingMutations);
   server->admin_service_ = std::make_unique<TenantAdminService>(
       server->tenants_.get(), server->backend_.get(), server->authenticator_.get(),

@@ -2,6 +2,7 @@
 #define TESSERA_SERVER_CORE_TENANT_DIRECTORY_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "absl/time/time.h"
 
 #include "server/core/tenant.h"
+#include "server/core/token.h"
 
 namespace tessera {
 
@@ -37,6 +39,15 @@ struct FleetNode {
   absl::Time started;
 };
 
+/// Where a tenant of the fleet lives, as the directory says.
+struct TenantHome {
+  /// The tenant's API key hash: a redirect is only for a caller holding the key.
+  KeyHash key_hash{};
+  std::string node;
+  /// The home node's address; empty when that node is not live.
+  std::string address;
+};
+
 /// The fleet's tenant directory (server/fleet: etcd), when the server is one node of a fleet;
 /// a single server has none. TenantTable writes a tenant there before it commits the tenant
 /// locally, so no id is registered twice across the fleet and nothing is acknowledged before
@@ -61,6 +72,8 @@ class TenantDirectory {
   virtual std::string where() const = 0;
   /// Every live node, by name. UNAVAILABLE naming the store when it cannot be reached.
   virtual absl::StatusOr<std::vector<FleetNode>> Nodes() = 0;
+  /// Where tenant `id` lives, if the fleet has it (answers may be a few seconds old).
+  virtual absl::StatusOr<std::optional<TenantHome>> FindTenant(absl::string_view id) = 0;
 };
 
 }  // namespace tessera

@@ -369,3 +369,36 @@ absl::Status Fleet::Remove(absl::string_view id) {
 }
 
 }  // namespace tessera::fleet
+
+namespace tessera::fleet {
+
+absl::StatusOr<std::optional<TenantHome>> Fleet::FindTenant(absl::string_view id) {
+  const absl::Time now = absl::Now();
+  {
+    absl::MutexLock lock(&cache_mu_);
+    auto it = homes_.find(id);
+    if (it != homes_.end() && it->second.expires > now) return it->second.home;
+  }
+  std::optional<TenantHome> home;
+  absl::StatusOr<std::optional<KeyValue>> tenant = etcd_->Get(TenantKey(id));
+  if (!tenant.ok()) return tenant.status();
+  if (tenant->has_value()) {
+    std::string node;
+    absl::StatusOr<TenantRecord> record = TenantFromJson((*tenant)->value, &node);
+    if (!record.ok()) return record.status();
+    home = TenantHome{.key_hash = record->key_hash, .node = node};
+    absl::StatusOr<std::optional<KeyValue>> entry = etcd_->Get(options_.prefix + "nodes/" + node);
+    if (!entry.ok()) return entry.status();
+    if (entry->has_value()) {
+      if (absl::StatusOr<NodeRecord> n = NodeRecordFromJson((*entry)->value); n.ok()) {
+        home->address = n->address;
+      }
+    }
+  }
+  absl::MutexLock lock(&cache_mu_);
+  if (homes_.size() >= 4096) homes_.clear();
+  homes_[std::string(id)] = CachedHome{home, now + kHomeCacheTtl};
+  return home;
+}
+
+}  // namespace tessera::fleet

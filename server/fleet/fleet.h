@@ -6,6 +6,7 @@
 // they are acknowledged.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -50,6 +51,10 @@ class Fleet final : public TenantDirectory {
 
   absl::StatusOr<std::vector<FleetNode>> Nodes() override;
   std::string where() const override { return "etcd " + etcd_->endpoints(); }
+  /// Cached for kHomeCacheTtl (found or not), so that calls with keys of other nodes'
+  /// tenants, or made-up ones, do not each ask etcd.
+  absl::StatusOr<std::optional<TenantHome>> FindTenant(absl::string_view id) override;
+  static constexpr absl::Duration kHomeCacheTtl = absl::Seconds(2);
 
   // TenantDirectory: `<prefix>tenants/<id>`, created only if absent.
   absl::Status Create(const TenantRecord& record) override;
@@ -82,6 +87,13 @@ class Fleet final : public TenantDirectory {
   absl::Mutex mu_;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Notification stop_;
+
+  struct CachedHome {
+    std::optional<TenantHome> home;
+    absl::Time expires;
+  };
+  absl::Mutex cache_mu_;
+  std::map<std::string, CachedHome, std::less<>> homes_ ABSL_GUARDED_BY(cache_mu_);
   std::thread renewer_;
 };
 

@@ -52,7 +52,7 @@ absl::StatusOr<std::shared_ptr<TenantRuntime>> Authenticator::AuthenticateTenant
     return absl::PermissionDeniedError("the admin token cannot call Compute; use a tenant API key");
   }
   absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime = tenants_->AuthenticateKey(*token, hash);
-  if (!runtime.ok()) return runtime.status();
+  if (!runtime.ok()) return Elsewhere(*token, hash, runtime.status());
   std::shared_ptr<CallRecord> record = FindCallRecord(&context);
   if (record == nullptr || record->has_lease()) return runtime;
   absl::StatusOr<std::unique_ptr<RequestGate::Ticket>> ticket = (*runtime)->requests().Begin();
@@ -68,6 +68,58 @@ absl::StatusOr<std::shared_ptr<TenantRuntime>> Authenticator::AuthenticateTenant
   };
   record->set_lease(std::make_shared<Lease>(Lease{*runtime, *std::move(ticket)}));
   return runtime;
+}
+
+absl::StatusOr<Authenticator::Location> Authenticator::LocateTenant(
+    const grpc::ServerContextBase& context) const {
+  absl::StatusOr<std::string> token = BearerToken(context);
+  if (!token.ok()) return token.status();
+  KeyHash hash = HashCredential(*token);
+  if (HashesEqual(hash, admin_hash_)) {
+    return absl::PermissionDeniedError("the admin token cannot call Compute; use a tenant API key");
+  }
+  absl::Status refused = tenants_->AuthenticateKey(*token, hash).status();
+  if (refused.ok()) {
+    return Location{.here = true,
+                    .node = directory_ != nullptr ? directory_->node_name() : std::string()};
+  }
+  absl::Status elsewhere = Elsewhere(*token, hash, refused);
+  if (auto home = elsewhere.GetPayload(kHomePayload); home.has_value()) {
+    const std::string text(*home);
+    const size_t space = text.find(' ');
+    return Location{.here = false,
+                    .node = space == std::string::npos ? "" : text.substr(space + 1),
+                    .address = text.substr(0, space)};
+  }
+  return elsewhere;
+}
+
+absl::Status WithHome(absl::Status status, absl::string_view address, absl::string_view node) {
+  status.SetPayload(kHomePayload, absl::Cord(absl::StrCat(address, " ", node)));
+  return status;
+}
+
+absl::Status Authenticator::Elsewhere(absl::string_view token, const KeyHash& hash,
+                                      absl::Status refused) const {
+  if (directory_ == nullptr || !absl::IsUnauthenticated(refused)) return refused;
+  const absl::string_view id = TenantIdOfKey(token);
+  if (id.empty()) return refused;
+  absl::StatusOr<std::optional<TenantHome>> home = directory_->FindTenant(id);
+  // The same answer as for any bad key unless the caller holds this tenant's key: a redirect
+  // reveals nothing to anyone else.
+  if (!home.ok() || !home->has_value() || !HashesEqual((*home)->key_hash, hash) ||
+      (*home)->node == directory_->node_name()) {
+    return refused;
+  }
+  if ((*home)->address.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("tenant \"", id, "\" lives on node ", (*home)->node,
+                     ", which is not live in the fleet now; retry later"));
+  }
+  return WithHome(absl::FailedPreconditionError(absl::StrCat(
+                      "tenant \"", id, "\" lives on node ", (*home)->node, " at ", (*home)->address,
+                      "; connect there (the C++ and Python clients follow this redirect)")),
+                  (*home)->address, (*home)->node);
 }
 
 }  // namespace tessera

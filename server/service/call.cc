@@ -11,6 +11,7 @@
 #include "server/common/logging.h"
 #include "server/common/telemetry.h"
 #include "server/service/access_log.h"
+#include "server/service/auth.h"
 
 namespace tessera {
 
@@ -37,6 +38,14 @@ void CallLog::set_tenant(std::string tenant) {
 }
 
 grpc::Status CallLog::Finish(const absl::Status& status) const {
+  if (auto home = status.GetPayload(kHomePayload); home.has_value()) {
+    const std::string text(*home);
+    const size_t space = text.find(' ');
+    context_->AddTrailingMetadata("tessera-home-address", text.substr(0, space));
+    if (space != std::string::npos) {
+      context_->AddTrailingMetadata("tessera-home-node", text.substr(space + 1));
+    }
+  }
   if (std::string reason = telemetry::RefusalReason(status); !reason.empty()) {
     telemetry::Refused(reason);
     // Hints come only with refusals. gRPC's name for one: gRPC's own retry policy honours

@@ -537,6 +537,22 @@ grpc::ServerUnaryReactor* ComputeService::GetUsage(grpc::CallbackServerContext* 
   });
 }
 
+grpc::ServerUnaryReactor* ComputeService::Locate(grpc::CallbackServerContext* context,
+                                                 const v1::LocateRequest*, v1::Location* response) {
+  // Authenticated, but not a call in the tenant's RequestGate: a client asks it once per
+  // connection, and it must not use up the tenant's quota of calls.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  CallLog log(context, "Locate");
+  absl::StatusOr<Authenticator::Location> where = authenticator_->LocateTenant(*context);
+  if (where.ok()) {
+    response->set_here(where->here);
+    response->set_node_name(where->node);
+    response->set_address(where->address);
+  }
+  reactor->Finish(log.Finish(where.status()));
+  return reactor;
+}
+
 // ---- regions ----------------------------------------------------------------------------------
 // Registering a region and moving a region's bytes touch the device (cuMemHostRegister, copies):
 // on the transfer executor, never on a gRPC thread. Listing and tickets are bookkeeping.

@@ -83,6 +83,9 @@ class ComputeService final
   grpc::ServerUnaryReactor* DeleteKernel(grpc::CallbackServerContext* context,
                                          const v1::DeleteKernelRequest* request,
                                          v1::DeleteKernelResponse* response) override;
+  grpc::ServerUnaryReactor* Locate(grpc::CallbackServerContext* context,
+                                   const v1::LocateRequest* request,
+                                   v1::Location* response) override;
   grpc::ServerUnaryReactor* GetUsage(grpc::CallbackServerContext* context,
                                      const v1::GetUsageRequest* request,
                                      v1::Usage* response) override;

@@ -15,6 +15,7 @@
 
 #include "server/fleet/etcd_client.h"
 #include "tessera/client.h"
+#include "tessera/v1/compute.grpc.pb.h"
 #include "tests/testing/etcd_process.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
@@ -148,6 +149,71 @@ TEST_F(FleetTest, AnIdRegisteredThroughTwoNodesAtOnceIsRegisteredExactlyOnce) {
   ASSERT_TRUE(dereg.ok()) << dereg.status();
   EXPECT_FALSE((*etcd_client_->Get("/tessera/v1/tenants/race-0")).has_value());
   EXPECT_TRUE(admin_b->RegisterTenant(Registration("race-0")).ok());
+}
+
+// A tenant's key used at another node: the C++ client follows the redirect to the tenant's
+// home at connect time and works there; a client that does not follow is told the home in
+// the status and in trailing metadata; a wrong key is refused as any bad key is.
+TEST_F(FleetTest, ATenantsCallsAtAnotherNodeAreSentToItsHome) {
+  auto a = StartNode("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = StartNode("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto registered = Admin(**a)->RegisterTenant(Registration("roamer"));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  const std::string key = registered->api_key();
+
+  auto followed =
+      Client::Connect({.address = (*b)->address(), .token = key, .timeout = absl::Seconds(20)});
+  ASSERT_TRUE(followed.ok()) << followed.status();
+  EXPECT_EQ((*followed)->address(), (*a)->address());
+  v1::TensorSpec spec;
+  spec.set_dtype(v1::DTYPE_F32);
+  spec.add_shape(8);
+  const std::string bytes(32, '\7');
+  auto uploaded = (*followed)->Upload(spec, bytes);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  EXPECT_EQ(*(*followed)->Download(uploaded->handle()), bytes);
+
+  auto stays = Client::Connect({.address = (*b)->address(),
+                                .token = key,
+                                .timeout = absl::Seconds(20),
+                                .follow_home = false});
+  ASSERT_TRUE(stays.ok()) << stays.status();
+  auto stub = v1::Compute::NewStub((*stays)->channel());
+  auto context = (*stays)->NewContext();
+  v1::Usage usage;
+  grpc::Status redirected = stub->GetUsage(context.get(), v1::GetUsageRequest(), &usage);
+  EXPECT_EQ(redirected.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(redirected.error_message(), HasSubstr("lives on node a at " + (*a)->address()));
+  const auto& trailers = context->GetServerTrailingMetadata();
+  auto home = trailers.find("tessera-home-address");
+  ASSERT_NE(home, trailers.end());
+  EXPECT_EQ(std::string(home->second.data(), home->second.size()), (*a)->address());
+
+  // Locate says the same without an error, and "here" at home.
+  grpc::ClientContext where_context;
+  where_context.AddMetadata("authorization", "Bearer " + key);
+  v1::Location location;
+  ASSERT_TRUE(stub->Locate(&where_context, v1::LocateRequest(), &location).ok());
+  EXPECT_FALSE(location.here());
+  EXPECT_EQ(location.node_name(), "a");
+  EXPECT_EQ(location.address(), (*a)->address());
+  auto home_stub = v1::Compute::NewStub((*followed)->channel());
+  grpc::ClientContext home_context;
+  home_context.AddMetadata("authorization", "Bearer " + key);
+  ASSERT_TRUE(home_stub->Locate(&home_context, v1::LocateRequest(), &location).ok());
+  EXPECT_TRUE(location.here());
+  EXPECT_EQ(location.node_name(), "a");
+
+  // The right tenant with a wrong secret learns nothing.
+  std::string wrong = key;
+  wrong.back() = wrong.back() == 'A' ? 'B' : 'A';
+  auto bad =
+      Client::Connect({.address = (*b)->address(), .token = wrong, .timeout = absl::Seconds(20)});
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ((*bad)->address(), (*b)->address());
+  EXPECT_EQ((*bad)->GetUsage().status().code(), absl::StatusCode::kUnauthenticated);
 }
 
 // A second node with a live node's name does not start; a node that stops leaves at once, and

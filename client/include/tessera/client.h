@@ -42,6 +42,14 @@ struct ClientOptions {
   /// socket or the region does not fit the quota. false: always stream. Ignored for other
   /// addresses.
   bool use_regions = true;
+  /// In a fleet (docs/fleet.md), a tenant's calls must reach the node it lives on. With a
+  /// tenant API key, Connect asks the server once (Compute.Locate, not counted against the
+  /// tenant's request quotas); if the tenant lives on
+  /// another node, the server answers with that node's address and the client connects
+  /// there instead, so every later call, data-heavy ones included, takes no extra hop.
+  /// Any other answer (a single server, the tenant at home, the server down) leaves the
+  /// client as it was. false: connect to `address` as given.
+  bool follow_home = true;
 };
 
 class Client;
@@ -217,6 +225,9 @@ class Client {
 
   /// The channel, for stubs this class does not wrap (e.g. grpc.health.v1).
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  /// The server this client talks to: ClientOptions::address, or the tenant's home node
+  /// when Connect followed a redirect (ClientOptions::follow_home).
+  const std::string& address() const { return options_.address; }
   /// A context with this client's deadline and credentials, for calls on other stubs.
   std::unique_ptr<grpc::ClientContext> NewContext() const;
   /// PATH when the address is "unix:PATH" (or "unix://PATH"), else "".

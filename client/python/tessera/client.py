@@ -231,8 +231,10 @@ class _Base:
         self.timeout = timeout
         self.max_message_bytes = max_message_bytes
         _keep_transfer_buffers_mapped()
-        self._channel = _channel(self.addr, tls, root_certificates, private_key,
-                                 certificate_chain, max_message_bytes + (1 << 20))
+        self._channel_args = (tls, root_certificates, private_key, certificate_chain,
+                              max_message_bytes + (1 << 20))
+        self._channel = _channel(self.addr, *self._channel_args)
+        self._token = token or ""
 
     def _call(self, method: Callable, request: Any, timeout: Optional[float] = None) -> Any:
         return _unary(method, request, self._metadata,
@@ -496,6 +498,10 @@ class Client(_Base):
     variable ``TESSERA_REGIONS=0`` when ``regions`` is None) moves them through the gRPC
     streams instead, as over TCP. See docs/python.md, "The Unix socket and regions".
 
+    In a fleet of servers (docs/fleet.md) the client connects to the node its tenant lives
+    on when ``addr`` names another node (one question at connect time); ``follow_home=False``
+    keeps ``addr`` as given.
+
     >>> with tessera.Client("127.0.0.1:50051", token=key) as client:
     ...     t = client.put(np.zeros((4, 4), np.float16))
     """
@@ -505,10 +511,12 @@ class Client(_Base):
                  private_key: Optional[bytes] = None,
                  certificate_chain: Optional[bytes] = None, timeout: Optional[float] = None,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 regions: Optional[bool] = None) -> None:
+                 regions: Optional[bool] = None, follow_home: bool = True) -> None:
         super().__init__(addr, token, tls, root_certificates, private_key, certificate_chain,
                          timeout, max_message_bytes)
         self._stub = compute_pb2_grpc.ComputeStub(self._channel)
+        if follow_home:
+            self._follow_home()
         self._regions = self._start_regions(regions)
         # ReadTensor with the response bytes as they arrive: _read finds each chunk's data in
         # them and copies it once, into the array (protobuf's parse would copy it twice more).
@@ -523,6 +531,27 @@ class Client(_Base):
             request_serializer=None,
             response_deserializer=pb.TensorInfo.FromString)
         self._kernel_cache: Dict[str, Kernel] = {}
+
+    def _follow_home(self) -> None:
+        """In a fleet (docs/fleet.md), connects to the node the tenant lives on when the
+        server says it lives elsewhere (Compute.Locate, not counted against the tenant's
+        request quotas): one question at connect time, so later calls take no extra hop. Any
+        other answer (a single server, an older one, the server down) leaves the client as
+        it is."""
+        if not self._token.startswith("tsk_"):
+            return
+        try:
+            where = self._stub.Locate(pb.LocateRequest(), metadata=self._metadata,
+                                      timeout=min(self.timeout or 5.0, 5.0))
+        except grpc.RpcError:
+            return
+        home = where.address
+        if where.here or not home:
+            return
+        self._channel.close()
+        self.addr = home
+        self._channel = _channel(self.addr, *self._channel_args)
+        self._stub = compute_pb2_grpc.ComputeStub(self._channel)
 
     def _start_regions(self, wanted: Optional[bool]) -> Optional[_regions.Regions]:
         path = _regions.unix_socket_path(self.addr)
