@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, advertise_address, "",
 ABSL_FLAG(absl::Duration, fleet_lease_ttl, absl::Seconds(10),
           "Fleet mode: the node leaves the fleet this long after its last lease renewal "
           "(2s..10m)");
+ABSL_FLAG(std::string, fleet_placement, "spread",
+          "Fleet mode: where RegisterTenant puts a tenant: spread (the node with the most free "
+          "memory) or pack (the least that fits)");
 ABSL_FLAG(bool, cuda_graphs, true,
           "Run a program (a Submit of several steps) as a CUDA graph from its second run on the "
           "same stream and shapes: one launch instead of one per step");
@@ -242,7 +245,8 @@ const std::vector<FlagTopic>& FlagTopics() {
        {"backend", "cpu_memory_bytes", "cpu_threads", "cpu_worker_nice", "memory_overcommit",
         "device_in_flight", "max_kernels_per_tenant", "cuda_completion", "cuda_graphs"}},
       {"MPS", {"mps", "mps_manage", "mps_base_dir", "mps_control", "mps_timeout"}},
-      {"Fleet", {"fleet_etcd", "node_name", "advertise_address", "fleet_lease_ttl"}},
+      {"Fleet",
+       {"fleet_etcd", "node_name", "advertise_address", "fleet_lease_ttl", "fleet_placement"}},
       {"Metrics",
        {"metrics_listen", "metrics_token_file", "metrics_tls_cert", "metrics_tls_key",
         "metrics_tls_client_ca", "metrics_tenant_label"}},
@@ -444,7 +448,8 @@ int main(int argc, char** argv) {
   options.fleet = {.etcd = absl::GetFlag(FLAGS_fleet_etcd),
                    .node_name = absl::GetFlag(FLAGS_node_name),
                    .advertise_address = absl::GetFlag(FLAGS_advertise_address),
-                   .lease_ttl = absl::GetFlag(FLAGS_fleet_lease_ttl)};
+                   .lease_ttl = absl::GetFlag(FLAGS_fleet_lease_ttl),
+                   .placement = absl::GetFlag(FLAGS_fleet_placement)};
   options.metrics = {.listen = absl::GetFlag(FLAGS_metrics_listen),
                      .token_file = absl::GetFlag(FLAGS_metrics_token_file),
                      .tls_cert = absl::GetFlag(FLAGS_metrics_tls_cert),

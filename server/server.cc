@@ -188,12 +188,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   server->admin_service_ = std::make_unique<TenantAdminService>(
       server->tenants_.get(), server->backend_.get(), server->authenticator_.get(),
       server->mutations_.get(),
-      ServerFacts{.version = std::string(TesseraVersion()),
-                  .backend_reason = server->backend_reason_,
-                  .transport_security = server->transport_security_,
-                  .memory_overcommit = opts.memory_overcommit,
-                  .start_time = absl::Now(),
-                  .directory = server->fleet_.get()},
+      ServerFacts{
+          .version = std::string(TesseraVersion()),
+          .backend_reason = server->backend_reason_,
+          .transport_security = server->transport_security_,
+          .memory_overcommit = opts.memory_overcommit,
+          .start_time = absl::Now(),
+          .directory = server->fleet_.get(),
+          .placement = opts.fleet.placement == "pack" ? Placement::kPack : Placement::kSpread},
       server->mps_.get());
   RETURN_IF_ERROR(CheckAccessLogOptions(opts.access_log));
   ASSIGN_OR_RETURN(TenantLabel tenant_label, ParseTenantLabel(opts.metrics_tenant_label));
@@ -407,6 +409,10 @@ absl::Status Server::JoinFleet() {
           ") names no host or port other nodes and clients can reach"));
     }
     advertise = options_.listen;
+  }
+  if (f.placement != "spread" && f.placement != "pack") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fleet_placement=", f.placement, ": allowed values are spread, pack"));
   }
   std::string node = f.node_name;
   if (node.empty()) {

@@ -89,6 +89,8 @@ struct ServerOptions {
     std::string node_name;
     std::string advertise_address;
     absl::Duration lease_ttl = absl::Seconds(10);
+    /// --fleet_placement: "spread" or "pack" (Placement).
+    std::string placement = "spread";
   } fleet;
   /// Called once, from a backend thread, when the backend can run nothing more in this
   /// process (Backend::SetFatalHandler); tessera-server then shuts down and exits 75 for its

@@ -98,4 +98,25 @@ std::string FormatBytes(uint64_t bytes) {
   return absl::StrFormat("%.2f %s (%d bytes)", value, kUnits[unit], bytes);
 }
 
+std::optional<size_t> ChooseNode(const std::vector<FleetNode>& nodes, uint64_t memory_bytes,
+                                 Placement placement) {
+  std::optional<size_t> best;
+  uint64_t best_free = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (nodes[i].draining) continue;
+    for (const FleetDevice& d : nodes[i].devices) {
+      if (d.free_memory_bytes < memory_bytes) continue;
+      if (d.context_limit != 0 && d.tenants >= d.context_limit) continue;
+      const bool better =
+          !best.has_value() || (placement == Placement::kSpread ? d.free_memory_bytes > best_free
+                                                                : d.free_memory_bytes < best_free);
+      if (better) {
+        best = i;
+        best_free = d.free_memory_bytes;
+      }
+    }
+  }
+  return best;
+}
+
 }  // namespace tessera

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 
 #include "server/backend/backend.h"
+#include "server/core/tenant_directory.h"
 
 namespace tessera {
 
@@ -30,6 +31,22 @@ uint64_t ReservableBytes(uint64_t capacity_bytes, double overcommit);
 /// numbers) when the memory reservation or the device's context limit would be exceeded.
 absl::StatusOr<int> ChooseDevice(const std::vector<DeviceLoad>& devices, double overcommit,
                                  uint64_t request_bytes, std::optional<int> requested_device);
+
+/// How a fleet picks a new tenant's home among the nodes it fits (--fleet_placement).
+enum class Placement {
+  /// The node whose device has the most free memory: tenants spread over the fleet.
+  kSpread,
+  /// The node whose device has the least free memory that still fits: nodes fill one by
+  /// one, leaving others whole for large tenants.
+  kPack,
+};
+
+/// The node (an index into `nodes`) a new tenant reserving `memory_bytes` goes to: among the
+/// nodes not draining, a device whose free memory fits the reservation and whose MPS client
+/// limit (if any) has room, chosen by `placement`; ties go to the first by name. nullopt when
+/// no node has such a device. Pure arithmetic.
+std::optional<size_t> ChooseNode(const std::vector<FleetNode>& nodes, uint64_t memory_bytes,
+                                 Placement placement);
 
 /// "8.00 GiB (8589934592 bytes)".
 std::string FormatBytes(uint64_t bytes);

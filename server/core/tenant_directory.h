@@ -72,6 +72,9 @@ class TenantDirectory {
   virtual std::string where() const = 0;
   /// Every live node, by name. UNAVAILABLE naming the store when it cannot be reached.
   virtual absl::StatusOr<std::vector<FleetNode>> Nodes() = 0;
+  /// Publishes this node's capacity now (after a registration or deregistration changed it),
+  /// not only at the next lease renewal, so placements elsewhere see it. Best effort.
+  virtual void CapacityChanged() = 0;
   /// Where tenant `id` lives, if the fleet has it (answers may be a few seconds old).
   virtual absl::StatusOr<std::optional<TenantHome>> FindTenant(absl::string_view id) = 0;
 };

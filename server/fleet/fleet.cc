@@ -372,6 +372,15 @@ absl::Status Fleet::Remove(absl::string_view id) {
 
 namespace tessera::fleet {
 
+void Fleet::CapacityChanged() {
+  absl::MutexLock lock(&mu_);
+  if (lease_ == 0) return;  // the renewer registers again, with the capacity then
+  if (absl::Status put = etcd_->Put(NodeKey(), NodeJson(), lease_); !put.ok()) {
+    spdlog::warn("fleet: publishing node {}'s capacity: {}", options_.node_name,
+                 std::string(put.message()));
+  }
+}
+
 absl::StatusOr<std::optional<TenantHome>> Fleet::FindTenant(absl::string_view id) {
   const absl::Time now = absl::Now();
   {

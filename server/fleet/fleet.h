@@ -54,6 +54,7 @@ class Fleet final : public TenantDirectory {
   /// Cached for kHomeCacheTtl (found or not), so that calls with keys of other nodes'
   /// tenants, or made-up ones, do not each ask etcd.
   absl::StatusOr<std::optional<TenantHome>> FindTenant(absl::string_view id) override;
+  void CapacityChanged() override;
   static constexpr absl::Duration kHomeCacheTtl = absl::Seconds(2);
 
   // TenantDirectory: `<prefix>tenants/<id>`, created only if absent.

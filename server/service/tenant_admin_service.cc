@@ -110,10 +110,16 @@ grpc::ServerUnaryReactor* TenantAdminService::RegisterTenant(
     v1::RegisterTenantResponse* response) {
   return Serve(
       context, "RegisterTenant", /*mutation=*/true,
-      [this, request, response](CallLog& log) -> absl::Status {
+      [this, context, request, response](CallLog& log) -> absl::Status {
         log.set_tenant(request->tenant_id().substr(0, kMaxTenantIdLength));
         // Counted before the map is copied: a huge one costs nothing.
         RETURN_IF_ERROR(CheckLabelCount(request->labels().size(), "labels"));
+        ASSIGN_OR_RETURN(std::optional<FleetNode> home, PlaceInFleet(*context, *request));
+        if (home.has_value()) {
+          RETURN_IF_ERROR(ForwardRegistration(*context, *home, *request, response));
+          log.Info(absl::StrCat("placed on node ", home->name, " (", home->address, ")"));
+          return absl::OkStatus();
+        }
         ASSIGN_OR_RETURN(TenantTable::Registered registered,
                          tenants_->Register(TenantSpecFromProto(*request)));
         TenantToProto(registered.tenant, response->mutable_tenant());
@@ -123,8 +129,49 @@ grpc::ServerUnaryReactor* TenantAdminService::RegisterTenant(
                               FormatBytes(registered.tenant.record.quota.device_memory_bytes),
                               ", context ", ContextKindName(registered.tenant.context.kind)));
         if (mps_ != nullptr) mps_->Reconcile(tenants_->TenantsPerDevice());
+        if (facts_.directory != nullptr) facts_.directory->CapacityChanged();
         return absl::OkStatus();
       });
+}
+
+absl::StatusOr<std::optional<FleetNode>> TenantAdminService::PlaceInFleet(
+    const grpc::CallbackServerContext& context, const v1::RegisterTenantRequest& request) {
+  if (facts_.directory == nullptr) return std::optional<FleetNode>();
+  // Forwarded here by the node that placed it: register here.
+  if (context.client_metadata().count(kPlacedByMetadata) != 0) return std::optional<FleetNode>();
+  // Between nodes the call goes in plaintext: with TLS, every tenant is placed where it is
+  // registered (docs/fleet.md).
+  if (facts_.transport_security != "insecure") return std::optional<FleetNode>();
+  ASSIGN_OR_RETURN(std::vector<FleetNode> nodes, facts_.directory->Nodes());
+  const std::optional<size_t> chosen =
+      ChooseNode(nodes, request.quota().device_memory_bytes(), facts_.placement);
+  // No node fits: local admission answers, with this node's numbers.
+  if (!chosen.has_value() || nodes[*chosen].name == facts_.directory->node_name()) {
+    return std::optional<FleetNode>();
+  }
+  return std::optional<FleetNode>(nodes[*chosen]);
+}
+
+absl::Status TenantAdminService::ForwardRegistration(const grpc::CallbackServerContext& context,
+                                                     const FleetNode& node,
+                                                     const v1::RegisterTenantRequest& request,
+                                                     v1::RegisterTenantResponse* response) {
+  auto stub = v1::TenantAdmin::NewStub(
+      grpc::CreateChannel(node.address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext out;
+  out.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  for (const char* name : {"authorization", "x-request-id"}) {
+    auto [begin, end] = context.client_metadata().equal_range(name);
+    for (auto it = begin; it != end; ++it) {
+      out.AddMetadata(name, std::string(it->second.data(), it->second.size()));
+    }
+  }
+  out.AddMetadata(kPlacedByMetadata, facts_.directory->node_name());
+  grpc::Status status = stub->RegisterTenant(&out, request, response);
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat("node ", node.name, " (", node.address,
+                                   "), chosen as the tenant's home: ", status.error_message()));
 }
 
 grpc::ServerUnaryReactor* TenantAdminService::GetTenant(grpc::CallbackServerContext* context,
@@ -196,6 +243,7 @@ grpc::ServerUnaryReactor* TenantAdminService::DeregisterTenant(
         response->set_released_memory_bytes(gone.released_memory_bytes);
         log.Info(absl::StrCat("deregistered; released ", FormatBytes(gone.released_memory_bytes)));
         if (mps_ != nullptr) mps_->Reconcile(tenants_->TenantsPerDevice());
+        if (facts_.directory != nullptr) facts_.directory->CapacityChanged();
         return absl::OkStatus();
       });
 }

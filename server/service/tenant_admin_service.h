@@ -7,6 +7,7 @@
 
 #include "server/backend/backend.h"
 #include "server/common/serial_executor.h"
+#include "server/core/admission.h"
 #include "server/core/tenant_directory.h"
 #include "server/core/tenant_table.h"
 #include "server/mps/ops.h"
@@ -24,7 +25,13 @@ struct ServerFacts {
   absl::Time start_time;
   /// The fleet's directory (borrowed), or null on a single server.
   TenantDirectory* directory = nullptr;
+  /// How RegisterTenant picks a tenant's home in the fleet (--fleet_placement).
+  Placement placement = Placement::kSpread;
 };
+
+/// Metadata a node adds when it forwards RegisterTenant to the home it chose: the node that
+/// receives it registers the tenant itself (no second placement).
+inline constexpr char kPlacedByMetadata[] = "tessera-placed-by";
 
 /// tessera.v1.TenantAdmin: a stateless adapter over the TenantTable. Authenticates, maps
 /// wire types, and runs mutations (durable commits, context creation) on `mutations` so no
@@ -55,6 +62,16 @@ class TenantAdminService final : public v1::TenantAdmin::CallbackService {
   grpc::ServerUnaryReactor* RotateTenantKey(grpc::CallbackServerContext* context,
                                             const v1::RotateTenantKeyRequest* request,
                                             v1::RotateTenantKeyResponse* response) override;
+  /// In a fleet: the node RegisterTenant should go to (the name of a node other than this
+  /// one, with its address), or nullopt to register here. UNAVAILABLE when etcd cannot be
+  /// reached.
+  absl::StatusOr<std::optional<FleetNode>> PlaceInFleet(const grpc::CallbackServerContext& context,
+                                                        const v1::RegisterTenantRequest& request);
+  /// RegisterTenant at `node`, with the caller's credentials.
+  absl::Status ForwardRegistration(const grpc::CallbackServerContext& context,
+                                   const FleetNode& node, const v1::RegisterTenantRequest& request,
+                                   v1::RegisterTenantResponse* response);
+
   grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* context,
                                       const v1::ListNodesRequest* request,
                                       v1::ListNodesResponse* response) override;

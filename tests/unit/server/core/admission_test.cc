@@ -99,3 +99,42 @@ TEST(FormatBytesTest, HumanAndExact) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+FleetNode Node(const std::string& name, std::vector<uint64_t> free, bool draining = false,
+               uint32_t tenants = 0, uint32_t limit = 0) {
+  FleetNode node{.name = name, .address = name + ":1", .draining = draining};
+  for (size_t i = 0; i < free.size(); ++i) {
+    node.devices.push_back({.index = static_cast<int>(i),
+                            .memory_bytes = 100,
+                            .free_memory_bytes = free[i],
+                            .tenants = tenants,
+                            .context_limit = limit});
+  }
+  return node;
+}
+
+TEST(ChooseNodeTest, SpreadTakesTheMostFreePackTheLeastThatFits) {
+  const std::vector<FleetNode> nodes = {Node("a", {30}), Node("b", {80, 10}), Node("c", {50})};
+  EXPECT_EQ(ChooseNode(nodes, 20, Placement::kSpread), 1u);
+  EXPECT_EQ(ChooseNode(nodes, 20, Placement::kPack), 0u);
+  EXPECT_EQ(ChooseNode(nodes, 40, Placement::kPack), 2u);
+  EXPECT_EQ(ChooseNode(nodes, 81, Placement::kSpread), std::nullopt);
+  // Ties go to the first node.
+  EXPECT_EQ(ChooseNode({Node("a", {50}), Node("b", {50})}, 10, Placement::kSpread), 0u);
+}
+
+TEST(ChooseNodeTest, DrainingNodesAndFullMpsClientLimitsTakeNoTenant) {
+  EXPECT_EQ(
+      ChooseNode({Node("a", {90}, /*draining=*/true), Node("b", {20})}, 10, Placement::kSpread),
+      1u);
+  EXPECT_EQ(ChooseNode({Node("a", {90}, false, /*tenants=*/48, /*limit=*/48), Node("b", {20})}, 10,
+                       Placement::kSpread),
+            1u);
+  EXPECT_EQ(ChooseNode({Node("a", {90}, true)}, 10, Placement::kPack), std::nullopt);
+}
+
+}  // namespace
+}  // namespace tessera
