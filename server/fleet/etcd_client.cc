@@ -1,5 +1,8 @@
 #include "server/fleet/etcd_client.h"
 
+#include <arpa/inet.h>
+
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -109,10 +112,16 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const Options& op
   auto impl = std::make_unique<Impl>();
   impl->endpoints = absl::StrJoin(options.endpoints, ",");
   impl->timeout = options.timeout;
-  // One member: that address. Several: gRPC's ipv4/ipv6 lists need literals, so the client
-  // takes the first and relies on it (a load-balanced name works too: dns:///HOST:PORT).
-  const std::string target =
-      addresses.size() == 1 ? addresses[0] : absl::StrCat("ipv4:", absl::StrJoin(addresses, ","));
+  // One member: that address (a name is resolved by DNS: a Service in front of the members
+  // works). Several IPv4 literals: gRPC tries them in order. Several names: gRPC's address
+  // lists need literals, so the first is used; put a Service or DNS name in front instead.
+  const bool literals = std::all_of(addresses.begin(), addresses.end(), [](const std::string& a) {
+    in_addr parsed{};
+    return inet_pton(AF_INET, a.substr(0, a.rfind(':')).c_str(), &parsed) == 1;
+  });
+  const std::string target = addresses.size() > 1 && literals
+                                 ? absl::StrCat("ipv4:", absl::StrJoin(addresses, ","))
+                                 : addresses[0];
   grpc::ChannelArguments args;
   // Reconnect soon after etcd comes back (gRPC's defaults wait up to minutes).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);

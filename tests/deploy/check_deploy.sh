@@ -32,11 +32,13 @@ fi
 echo "systemd units ok: $units"
 
 yamllint -d '{extends: default, rules: {line-length: {max: 100}, document-start: disable}}' \
-  "$root"/deploy/kubernetes/*.yaml "$root"/tests/deploy/testdata/*.yaml
+  "$root"/deploy/kubernetes/*.yaml "$root"/deploy/kubernetes/fleet/*.yaml \
+  "$root"/tests/deploy/testdata/*.yaml
 checker="$root/tests/deploy/check_manifests.py"
 
-# The manifests: every property holds.
+# The manifests: every property holds, for one node per GPU node and for the fleet.
 python3 "$checker" "$root/deploy/kubernetes"
+python3 "$checker" "$root/deploy/kubernetes/fleet"
 
 # The checker reports each property when it is broken (mutations of the manifests above).
 python3 "$checker" --self-test "$root/deploy/kubernetes"

@@ -33,6 +33,10 @@ properties that failed (tests/deploy/check_deploy.sh reads it).
                     injects it), no container running nvidia-cuda-mps-control
   metrics           prometheus.io annotations, when present, match --metrics_listen's port,
                     which is a container port
+  fleet             with --fleet_etcd (docs/fleet.md): --node_name is $(VAR) with VAR from the
+                    downward API's spec.nodeName, --advertise_address is $(VAR):<the main
+                    port> with VAR from status.podIP, and the admin token comes from a Secret
+                    (registrations forwarded between nodes carry the caller's token)
   metrics-auth      a --metrics_listen off loopback has --metrics_token_file (or
                     --metrics_tls_client_ca with --metrics_tls_cert/--metrics_tls_key), its
                     files on a mounted Secret the server's uid can read (the server refuses
@@ -420,6 +424,8 @@ def check_daemonset(path, ds, report):
         if port is not None and int(port) not in ports:
             report.fail(sv, "metrics", f"the metrics port {port} is not a container port")
 
+    check_fleet(pod, server, f, sv, report)
+
     # metrics-auth
     listen = f.get("metrics_listen")
     if isinstance(listen, str) and listen:
@@ -445,6 +451,34 @@ def check_daemonset(path, ds, report):
                 if not (bool(mode & 0o004) or fs_group is not None or uid == 0):
                     report.fail(sv, "metrics-auth", f"--{flag}={file}: Secret mode {oct(mode)} "
                                 f"is not readable by uid {uid}")
+
+
+def check_fleet(pod, server, f, sv, report):
+    if not f.get("fleet_etcd"):
+        return
+    env = {e.get("name"): e for e in server.get("env") or []}
+
+    def from_field(value, field):
+        m = re.fullmatch(r"\$\((\w+)\)(:\d+)?", str(value or ""))
+        if not m:
+            return False
+        e = env.get(m.group(1)) or {}
+        return ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") == field
+
+    if not from_field(f.get("node_name"), "spec.nodeName"):
+        report.fail(sv, "fleet", "--node_name is not the node's name from the downward API "
+                    "(spec.nodeName): two pods could claim one name, or a pod another node's")
+    advertise = f.get("advertise_address")
+    main_port = port_of(f.get("listen")) or 50051
+    if not from_field(advertise, "status.podIP") or port_of(advertise) != main_port:
+        report.fail(sv, "fleet", f"--advertise_address={advertise} is not $(VAR):{main_port} "
+                    "with VAR from the downward API's status.podIP")
+    token_file = f.get("admin_token_file")
+    volume, _ = volume_for(pod, server, token_file) if isinstance(token_file, str) else (None, None)
+    token_env = (env.get("TESSERA_ADMIN_TOKEN") or {}).get("valueFrom") or {}
+    if (volume or {}).get("secret") is None and not token_env.get("secretKeyRef"):
+        report.fail(sv, "fleet", "the admin token is not from a Secret every node reads: "
+                    "registrations forwarded between nodes carry the caller's token")
 
 
 def self_test(directory):
@@ -488,9 +522,13 @@ def self_test(directory):
         "mps-pipe": lambda p: server(p).setdefault("env", []).append(
             {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/run/nvidia-mps"}),
     }
+    fleet_mutations = {
+        "fleet": lambda p: set_arg(p, "node_name", "gpu-node-1"),
+    }
     failures = runs = 0
     for file, cases in (("daemonset.yaml", mutations),
-                        ("daemonset-device-plugin-mps.yaml", plugin_mutations)):
+                        ("daemonset-device-plugin-mps.yaml", plugin_mutations),
+                        ("fleet/daemonset.yaml", fleet_mutations)):
         with open(os.path.join(directory, file)) as f:
             original = next(d for d in yaml.safe_load_all(f)
                             if d and d.get("kind") == "DaemonSet")
