@@ -1,9 +1,9 @@
 #include "server/fleet/etcd_client.h"
 
-#include <arpa/inet.h>
-
 #include <algorithm>
 #include <utility>
+
+#include <arpa/inet.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
