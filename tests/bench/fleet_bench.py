@@ -58,7 +58,7 @@ def register_to_first_kernel(admin_addr: str, tenants: int, prefix: str) -> list
     with tessera.Admin(admin_addr, token=TOKEN) as admin:
         for i in range(tenants):
             start = time.perf_counter()
-            _, key = admin.register(f"{prefix}-{i}", memory_bytes=64 << 20)
+            _, key = admin.register(f"{prefix}-{i}", memory_bytes=16 << 20)
             with tessera.Client(admin_addr, token=key) as client:
                 t = client.put(x)
                 client.run("add", t, t).numpy()

@@ -72,8 +72,11 @@ class Server:
             self.stop()
             with open(self.log_path) as f:
                 raise RuntimeError("tessera-server did not start:\n" + f.read())
-        with open(os.path.join(self.state_dir, "admin.token")) as f:
-            self.admin_token = f.read().strip()
+        if server_env.get("TESSERA_ADMIN_TOKEN"):
+            self.admin_token = server_env["TESSERA_ADMIN_TOKEN"]
+        else:
+            with open(os.path.join(self.state_dir, "admin.token")) as f:
+                self.admin_token = f.read().strip()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
