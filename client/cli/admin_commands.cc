@@ -39,8 +39,9 @@ void PrintTenant(const v1::Tenant& t, SizeUnits memory_units = SizeUnits::kBinar
   for (const auto& [k, v] : t.labels()) labels.push_back(absl::StrCat(k, "=", v));
   std::sort(labels.begin(), labels.end());
   const v1::Quota& q = t.quota();
-  std::cout << "tenant_id:       " << t.tenant_id() << "\n"
-            << "display_name:    " << t.display_name() << "\n"
+  std::cout << "tenant_id:       " << t.tenant_id() << "\n";
+  if (!t.home_node().empty()) std::cout << "home node:       " << t.home_node() << "\n";
+  std::cout << "display_name:    " << t.display_name() << "\n"
             << "labels:          " << absl::StrJoin(labels, ",") << "\n"
             << "memory quota:    " << FormatBytesExact(q.device_memory_bytes(), memory_units)
             << "\n"
@@ -227,19 +228,23 @@ void AddList(CommandTree& tree, CLI::App* group) {
           s.PrintJson(all);
           return static_cast<int>(kExitOk);
         }
-        std::cout << absl::StrFormat("%-24s %-9s %10s %10s %6s %7s %9s %9s %6s  %s\n", "TENANT",
+        // In a fleet, a HOME column (the node each tenant lives on).
+        const bool fleet = std::any_of(tenants->begin(), tenants->end(),
+                                       [](const v1::Tenant& t) { return !t.home_node().empty(); });
+        std::cout << absl::StrFormat("%-24s %-9s %10s %10s %6s %7s %9s %9s %6s  %s", "TENANT",
                                      "CONTEXT", "MEMORY", "REGIONS", "SHARE", "STREAMS",
-                                     "IN FLIGHT", "CALLS/S", "DEVICE", "DISPLAY NAME");
+                                     "IN FLIGHT", "CALLS/S", "DEVICE", "");
+        std::cout << (fleet ? absl::StrFormat("%-16s ", "HOME") : "") << "DISPLAY NAME\n";
         for (const auto& t : *tenants) {
           const uint64_t region_quota = t.quota().max_region_bytes() != 0
                                             ? t.quota().max_region_bytes()
                                             : t.quota().device_memory_bytes();
           std::cout << absl::StrFormat(
-              "%-24s %-9s %10s %10s %5d%% %7d %9d %9d %6d  %s\n", t.tenant_id(),
+              "%-24s %-9s %10s %10s %5d%% %7d %9d %9d %6d  %s%s\n", t.tenant_id(),
               KindName(t.context().kind()), FormatBytes(t.quota().device_memory_bytes()),
               FormatBytes(region_quota), t.quota().compute_share_percent(), t.quota().max_streams(),
               t.quota().max_requests_in_flight(), t.quota().requests_per_second(), t.device_index(),
-              t.display_name());
+              fleet ? absl::StrFormat("%-16s ", t.home_node()) : "", t.display_name());
         }
         return static_cast<int>(kExitOk);
       });

@@ -160,6 +160,14 @@ TEST_F(FleetTest, AnIdRegisteredThroughTwoNodesAtOnceIsRegisteredExactlyOnce) {
   }
   EXPECT_GE(homes["a"], 2) << "a " << homes["a"] << ", b " << homes["b"];
   EXPECT_GE(homes["b"], 2) << "a " << homes["a"] << ", b " << homes["b"];
+  // `tessera tenant list` in a fleet has a HOME column.
+  auto tenants =
+      testing::RunCommand({testing::CliBinary(), "tenant", "list"},
+                          {{"TESSERA_ADDR", (*b)->address()}, {"TESSERA_TOKEN", kAdminToken}});
+  ASSERT_TRUE(tenants.ok()) << tenants.status();
+  EXPECT_EQ(tenants->exit_code, 0) << tenants->output;
+  EXPECT_THAT(tenants->output, HasSubstr("HOME"));
+  EXPECT_THAT(tenants->output, ::testing::ContainsRegex("spread-[0-9] .* b "));
 
   // Deregistering removes the tenant from the fleet: the id is free again, on any node.
   auto dereg = admin_a->DeregisterTenant("race-0");
