@@ -340,6 +340,17 @@ absl::StatusOr<v1::ListNodesResponse> Client::ListNodes() {
   });
 }
 
+absl::Status Client::DrainNode(const std::string& name, bool undo) {
+  v1::DrainNodeRequest request;
+  request.set_name(name);
+  request.set_undo(undo);
+  return Unary<v1::DrainNodeResponse>(*this,
+                                      [&](auto* context, auto* response) {
+                                        return admin_->DrainNode(context, request, response);
+                                      })
+      .status();
+}
+
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
   v1::GetServerInfoRequest request;
   return Unary<v1::ServerInfo>(*this, [&](auto* context, auto* response) {

@@ -458,6 +458,24 @@ void AddServerAndMps(CommandTree& tree) {
                            "fleet, answers FAILED_PRECONDITION.",
                 .examples = {"tessera node list", "tessera node list --output=json"}},
                NodeList);
+  auto* drain_name = tree.Make<std::string>();
+  auto* undo = tree.Make<bool>();
+  CLI::App* drain = tree.Command(
+      node, "drain", "Place no new tenant on a node (its tenants stay)",
+      {.usage = "NAME [--undo]",
+       .details = "The node shows it at its next lease renewal (tessera node list: draining).",
+       .examples = {"tessera node drain gpu-node-7", "tessera node drain gpu-node-7 --undo"}},
+      [drain_name, undo](Session& s) {
+        absl::Status done = s.client().DrainNode(*drain_name, *undo);
+        if (!done.ok()) return s.Failed(done);
+        if (!s.json()) {
+          std::cout << "node " << *drain_name
+                    << (*undo ? " takes new tenants again\n" : " drains: no new tenants\n");
+        }
+        return static_cast<int>(kExitOk);
+      });
+  drain->add_option("NAME", *drain_name, "The node's --node_name")->required();
+  drain->add_flag("--undo", *undo, "Take new tenants again");
   CLI::App* mps = tree.Group(tree.root(), "mps", "NVIDIA MPS", kAdminSection);
   tree.Command(mps, "status", "MPS decision, control daemons, servers and clients",
                {.examples = {"tessera mps status"}}, MpsStatus);

@@ -72,6 +72,9 @@ class TenantDirectory {
   virtual std::string where() const = 0;
   /// Every live node, by name. UNAVAILABLE naming the store when it cannot be reached.
   virtual absl::StatusOr<std::vector<FleetNode>> Nodes() = 0;
+  /// Marks node `name` draining (or not): placement skips it. NOT_FOUND for no live node of
+  /// that name; UNAVAILABLE when the store cannot be reached.
+  virtual absl::Status SetDraining(absl::string_view name, bool draining) = 0;
   /// Publishes this node's capacity now (after a registration or deregistration changed it),
   /// not only at the next lease renewal, so placements elsewhere see it. Best effort.
   virtual void CapacityChanged() = 0;

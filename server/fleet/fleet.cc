@@ -257,7 +257,7 @@ std::string Fleet::NodeJson() const {
                  .address = options_.advertise_address,
                  .backend = options_.backend,
                  .devices = capacity_ ? capacity_() : std::vector<DeviceCapacity>{},
-                 .draining = false,
+                 .draining = draining_,
                  .started = started_});
 }
 
@@ -290,6 +290,11 @@ void Fleet::RenewLoop() {
     if (lease_ != 0) {
       absl::StatusOr<absl::Duration> renewed = etcd_->KeepAlive(lease_);
       status = renewed.status();
+      if (status.ok()) {
+        absl::StatusOr<std::optional<KeyValue>> drain =
+            etcd_->Get(options_.prefix + "drain/" + options_.node_name);
+        if (drain.ok()) draining_ = drain->has_value();
+      }
       // The entry carries the node's free capacity: written again on every renewal.
       if (status.ok()) status = etcd_->Put(NodeKey(), NodeJson(), lease_);
       if (absl::IsNotFound(status)) lease_ = 0;  // expired while etcd was away
@@ -371,6 +376,22 @@ absl::Status Fleet::Remove(absl::string_view id) {
 }  // namespace tessera::fleet
 
 namespace tessera::fleet {
+
+absl::Status Fleet::SetDraining(absl::string_view name, bool draining) {
+  absl::StatusOr<std::optional<KeyValue>> node =
+      etcd_->Get(options_.prefix + "nodes/" + std::string(name));
+  if (!node.ok()) return node.status();
+  if (!node->has_value()) {
+    return absl::NotFoundError(absl::StrCat("no live node named \"", name, "\" in the fleet"));
+  }
+  const std::string key = options_.prefix + "drain/" + std::string(name);
+  if (draining) return etcd_->Put(key, absl::FormatTime(absl::Now()));
+  absl::StatusOr<std::optional<KeyValue>> mark = etcd_->Get(key);
+  if (!mark.ok()) return mark.status();
+  if (!mark->has_value()) return absl::OkStatus();
+  absl::StatusOr<bool> deleted = etcd_->DeleteIfUnchanged(key, (*mark)->mod_revision);
+  return deleted.ok() ? absl::OkStatus() : deleted.status();
+}
 
 void Fleet::CapacityChanged() {
   absl::MutexLock lock(&mu_);

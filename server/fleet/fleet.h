@@ -55,6 +55,8 @@ class Fleet final : public TenantDirectory {
   /// tenants, or made-up ones, do not each ask etcd.
   absl::StatusOr<std::optional<TenantHome>> FindTenant(absl::string_view id) override;
   void CapacityChanged() override;
+  /// `<prefix>drain/<name>` while draining; the node reads it at every renewal.
+  absl::Status SetDraining(absl::string_view name, bool draining) override;
   static constexpr absl::Duration kHomeCacheTtl = absl::Seconds(2);
 
   // TenantDirectory: `<prefix>tenants/<id>`, created only if absent.
@@ -72,7 +74,7 @@ class Fleet final : public TenantDirectory {
 
   std::string NodeKey() const { return options_.prefix + "nodes/" + options_.node_name; }
   std::string TenantKey(absl::string_view id) const;
-  std::string NodeJson() const;
+  std::string NodeJson() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Grants a lease and creates the node's entry on it; FAILED_PRECONDITION when the name is
   /// taken by a live node.
   absl::Status Register() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -87,6 +89,8 @@ class Fleet final : public TenantDirectory {
 
   absl::Mutex mu_;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  // Whether `<prefix>drain/<this node>` existed at the last renewal.
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::Notification stop_;
 
   struct CachedHome {

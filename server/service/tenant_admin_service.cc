@@ -145,10 +145,20 @@ absl::StatusOr<std::optional<FleetNode>> TenantAdminService::PlaceInFleet(
   ASSIGN_OR_RETURN(std::vector<FleetNode> nodes, facts_.directory->Nodes());
   const std::optional<size_t> chosen =
       ChooseNode(nodes, request.quota().device_memory_bytes(), facts_.placement);
-  // No node fits: local admission answers, with this node's numbers.
-  if (!chosen.has_value() || nodes[*chosen].name == facts_.directory->node_name()) {
+  if (!chosen.has_value()) {
+    // No node fits: local admission answers, with this node's numbers, unless this node
+    // drains.
+    for (const FleetNode& node : nodes) {
+      if (node.name == facts_.directory->node_name() && node.draining) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("no node of the fleet has room for quota.device_memory_bytes ",
+                         FormatBytes(request.quota().device_memory_bytes()), ", and this node (",
+                         node.name, ") drains"));
+      }
+    }
     return std::optional<FleetNode>();
   }
+  if (nodes[*chosen].name == facts_.directory->node_name()) return std::optional<FleetNode>();
   return std::optional<FleetNode>(nodes[*chosen]);
 }
 
@@ -330,6 +340,25 @@ grpc::ServerUnaryReactor* TenantAdminService::ListNodes(grpc::CallbackServerCont
     }
     return absl::OkStatus();
   });
+}
+
+grpc::ServerUnaryReactor* TenantAdminService::DrainNode(grpc::CallbackServerContext* context,
+                                                        const v1::DrainNodeRequest* request,
+                                                        v1::DrainNodeResponse*) {
+  return Serve(context, "DrainNode", /*mutation=*/true,
+               [this, request](CallLog& log) -> absl::Status {
+                 if (facts_.directory == nullptr) {
+                   return absl::FailedPreconditionError(
+                       "this server is not in a fleet (start it with --fleet_etcd)");
+                 }
+                 if (request->name().empty()) {
+                   return absl::InvalidArgumentError("name: the node's --node_name is required");
+                 }
+                 RETURN_IF_ERROR(facts_.directory->SetDraining(request->name(), !request->undo()));
+                 log.Info(absl::StrCat("node ", request->name(),
+                                       request->undo() ? " takes new tenants again" : " drains"));
+                 return absl::OkStatus();
+               });
 }
 
 grpc::ServerUnaryReactor* TenantAdminService::GetMpsStatus(grpc::CallbackServerContext* context,

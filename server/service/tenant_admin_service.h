@@ -72,6 +72,9 @@ class TenantAdminService final : public v1::TenantAdmin::CallbackService {
                                    const FleetNode& node, const v1::RegisterTenantRequest& request,
                                    v1::RegisterTenantResponse* response);
 
+  grpc::ServerUnaryReactor* DrainNode(grpc::CallbackServerContext* context,
+                                      const v1::DrainNodeRequest* request,
+                                      v1::DrainNodeResponse* response) override;
   grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* context,
                                       const v1::ListNodesRequest* request,
                                       v1::ListNodesResponse* response) override;

@@ -169,6 +169,31 @@ TEST_F(FleetTest, AnIdRegisteredThroughTwoNodesAtOnceIsRegisteredExactlyOnce) {
   EXPECT_THAT(tenants->output, HasSubstr("HOME"));
   EXPECT_THAT(tenants->output, ::testing::ContainsRegex("spread-[0-9] .* b "));
 
+  // A draining node takes no new tenant: everything registered through b goes to a.
+  ASSERT_TRUE(admin_a->DrainNode("b").ok());
+  EXPECT_EQ(admin_a->DrainNode("nobody").code(), absl::StatusCode::kNotFound);
+  auto b_drains = [&] {
+    auto listed_nodes = admin_a->ListNodes();
+    return listed_nodes.ok() && listed_nodes->nodes_size() == 2 &&
+           listed_nodes->nodes(1).draining();
+  };
+  const absl::Time drained_by = absl::Now() + absl::Seconds(5);
+  while (!b_drains() && absl::Now() < drained_by) absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(b_drains()) << "node b never showed it drains";
+  for (int i = 0; i < 3; ++i) {
+    auto placed = admin_b->RegisterTenant(Registration(absl::StrCat("drained-", i)));
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    EXPECT_EQ(placed->tenant().home_node(), "a");
+  }
+  auto undone =
+      testing::RunCommand({testing::CliBinary(), "node", "drain", "b", "--undo"},
+                          {{"TESSERA_ADDR", (*a)->address()}, {"TESSERA_TOKEN", kAdminToken}});
+  ASSERT_TRUE(undone.ok()) << undone.status();
+  EXPECT_EQ(undone->exit_code, 0) << undone->output;
+  const absl::Time undone_by = absl::Now() + absl::Seconds(5);
+  while (b_drains() && absl::Now() < undone_by) absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(b_drains());
+
   // Deregistering removes the tenant from the fleet: the id is free again, on any node.
   auto dereg = admin_a->DeregisterTenant("race-0");
   if (!dereg.ok()) dereg = admin_b->DeregisterTenant("race-0");

@@ -118,6 +118,8 @@ class Client {
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
   /// The nodes of the server's fleet (FAILED_PRECONDITION on a single server).
   absl::StatusOr<v1::ListNodesResponse> ListNodes();
+  /// Marks a node of the fleet draining (or not, with `undo`).
+  absl::Status DrainNode(const std::string& name, bool undo = false);
   absl::StatusOr<v1::MpsStatus> GetMpsStatus();
   absl::StatusOr<v1::TerminateTenantWorkResponse> TerminateTenantWork(absl::string_view tenant_id);
 
