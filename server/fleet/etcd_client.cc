@@ -27,6 +27,15 @@ KeyValue FromProto(const ::mvccpb::KeyValue& kv) {
                   .lease = kv.lease()};
 }
 
+// Adds "`key` still has `mod_revision`" to a transaction's conditions.
+void Unchanged(pb::TxnRequest& request, absl::string_view key, int64_t mod_revision) {
+  pb::Compare* unchanged = request.add_compare();
+  unchanged->set_key(std::string(key));
+  unchanged->set_target(pb::Compare::MOD);
+  unchanged->set_result(pb::Compare::EQUAL);
+  unchanged->set_mod_revision(mod_revision);
+}
+
 }  // namespace
 
 std::string PrefixEnd(absl::string_view prefix) {
@@ -174,6 +183,23 @@ absl::Status EtcdClient::Put(absl::string_view key, absl::string_view value, int
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> EtcdClient::Commit(const etcdserverpb::TxnRequest& request,
+                                        const std::string& what) {
+  absl::StatusOr<pb::TxnResponse> response = impl_->Txn(request, what);
+  if (!response.ok()) return response.status();
+  return response->succeeded();
+}
+
+absl::StatusOr<bool> EtcdClient::PutIf(etcdserverpb::TxnRequest& request, absl::string_view key,
+                                       absl::string_view value, int64_t lease,
+                                       absl::string_view verb) {
+  pb::PutRequest* put = request.add_success()->mutable_request_put();
+  put->set_key(std::string(key));
+  put->set_value(std::string(value));
+  put->set_lease(lease);
+  return Commit(request, absl::StrCat(verb, key));
+}
+
 absl::StatusOr<bool> EtcdClient::CreateIfAbsent(absl::string_view key, absl::string_view value,
                                                 int64_t lease) {
   pb::TxnRequest request;
@@ -182,43 +208,21 @@ absl::StatusOr<bool> EtcdClient::CreateIfAbsent(absl::string_view key, absl::str
   absent->set_target(pb::Compare::CREATE);
   absent->set_result(pb::Compare::EQUAL);
   absent->set_create_revision(0);
-  pb::PutRequest* put = request.add_success()->mutable_request_put();
-  put->set_key(std::string(key));
-  put->set_value(std::string(value));
-  put->set_lease(lease);
-  absl::StatusOr<pb::TxnResponse> response = impl_->Txn(request, absl::StrCat("creating ", key));
-  if (!response.ok()) return response.status();
-  return response->succeeded();
+  return PutIf(request, key, value, lease, "creating ");
 }
 
 absl::StatusOr<bool> EtcdClient::ReplaceIfUnchanged(absl::string_view key, absl::string_view value,
                                                     int64_t mod_revision, int64_t lease) {
   pb::TxnRequest request;
-  pb::Compare* unchanged = request.add_compare();
-  unchanged->set_key(std::string(key));
-  unchanged->set_target(pb::Compare::MOD);
-  unchanged->set_result(pb::Compare::EQUAL);
-  unchanged->set_mod_revision(mod_revision);
-  pb::PutRequest* put = request.add_success()->mutable_request_put();
-  put->set_key(std::string(key));
-  put->set_value(std::string(value));
-  put->set_lease(lease);
-  absl::StatusOr<pb::TxnResponse> response = impl_->Txn(request, absl::StrCat("replacing ", key));
-  if (!response.ok()) return response.status();
-  return response->succeeded();
+  Unchanged(request, key, mod_revision);
+  return PutIf(request, key, value, lease, "replacing ");
 }
 
 absl::StatusOr<bool> EtcdClient::DeleteIfUnchanged(absl::string_view key, int64_t mod_revision) {
   pb::TxnRequest request;
-  pb::Compare* unchanged = request.add_compare();
-  unchanged->set_key(std::string(key));
-  unchanged->set_target(pb::Compare::MOD);
-  unchanged->set_result(pb::Compare::EQUAL);
-  unchanged->set_mod_revision(mod_revision);
+  Unchanged(request, key, mod_revision);
   request.add_success()->mutable_request_delete_range()->set_key(std::string(key));
-  absl::StatusOr<pb::TxnResponse> response = impl_->Txn(request, absl::StrCat("deleting ", key));
-  if (!response.ok()) return response.status();
-  return response->succeeded();
+  return Commit(request, absl::StrCat("deleting ", key));
 }
 
 absl::StatusOr<int64_t> EtcdClient::GrantLease(absl::Duration ttl) {

@@ -14,6 +14,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
+namespace etcdserverpb {
+class TxnRequest;
+}
+
 namespace tessera::fleet {
 
 /// One key as etcd holds it.
@@ -70,6 +74,13 @@ class EtcdClient {
   const std::string& endpoints() const;
 
  private:
+  /// Runs the transaction: whether its conditions held (and its success operations ran).
+  absl::StatusOr<bool> Commit(const etcdserverpb::TxnRequest& request, const std::string& what);
+  /// Adds a put of `key` to the transaction's success operations and commits it; `verb`
+  /// ("creating ") names the write in errors.
+  absl::StatusOr<bool> PutIf(etcdserverpb::TxnRequest& request, absl::string_view key,
+                             absl::string_view value, int64_t lease, absl::string_view verb);
+
   struct Impl;
   explicit EtcdClient(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -84,14 +84,19 @@ absl::StatusOr<Authenticator::Location> Authenticator::LocateTenant(
                     .node = directory_ != nullptr ? directory_->node_name() : std::string()};
   }
   absl::Status elsewhere = Elsewhere(*token, hash, refused);
-  if (auto home = elsewhere.GetPayload(kHomePayload); home.has_value()) {
-    const std::string text(*home);
-    const size_t space = text.find(' ');
-    return Location{.here = false,
-                    .node = space == std::string::npos ? "" : text.substr(space + 1),
-                    .address = text.substr(0, space)};
+  if (auto home = HomeOf(elsewhere); home.has_value()) {
+    return Location{.here = false, .node = home->second, .address = home->first};
   }
   return elsewhere;
+}
+
+std::optional<std::pair<std::string, std::string>> HomeOf(const absl::Status& status) {
+  auto payload = status.GetPayload(kHomePayload);
+  if (!payload.has_value()) return std::nullopt;
+  const std::string text(*payload);
+  const size_t space = text.find(' ');
+  return std::make_pair(text.substr(0, space),
+                        space == std::string::npos ? std::string() : text.substr(space + 1));
 }
 
 absl::Status WithHome(absl::Status status, absl::string_view address, absl::string_view node) {

@@ -1,7 +1,9 @@
 #ifndef TESSERA_SERVER_SERVICE_AUTH_H_
 #define TESSERA_SERVER_SERVICE_AUTH_H_
 
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -62,6 +64,8 @@ inline constexpr char kHomePayload[] = "type.tessera.dev/home";
 /// `status` carrying the home's address and node name, sent as trailing metadata by
 /// CallLog::Finish.
 absl::Status WithHome(absl::Status status, absl::string_view address, absl::string_view node);
+/// The home a redirect carries (WithHome): {address, node}; nullopt for any other status.
+std::optional<std::pair<std::string, std::string>> HomeOf(const absl::Status& status);
 
 /// The token of the single `authorization: Bearer <token>` entry, or UNAUTHENTICATED.
 absl::StatusOr<std::string> BearerToken(const grpc::ServerContextBase& context);

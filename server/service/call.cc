@@ -38,13 +38,9 @@ void CallLog::set_tenant(std::string tenant) {
 }
 
 grpc::Status CallLog::Finish(const absl::Status& status) const {
-  if (auto home = status.GetPayload(kHomePayload); home.has_value()) {
-    const std::string text(*home);
-    const size_t space = text.find(' ');
-    context_->AddTrailingMetadata("tessera-home-address", text.substr(0, space));
-    if (space != std::string::npos) {
-      context_->AddTrailingMetadata("tessera-home-node", text.substr(space + 1));
-    }
+  if (auto home = HomeOf(status); home.has_value()) {
+    context_->AddTrailingMetadata("tessera-home-address", home->first);
+    if (!home->second.empty()) context_->AddTrailingMetadata("tessera-home-node", home->second);
   }
   if (std::string reason = telemetry::RefusalReason(status); !reason.empty()) {
     telemetry::Refused(reason);

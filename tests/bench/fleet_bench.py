@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,33 +21,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "client", "python",
                                 "tests"))
 import tessera  # noqa: E402
-from conftest import Server  # noqa: E402
+from conftest import Server, free_port, start_etcd  # noqa: E402
 
 TOKEN = "fleet-bench-admin-token-shared-by-every-node"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_etcd(data: str) -> tuple:
-    client, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
-    proc = subprocess.Popen(
-        [os.environ.get("TESSERA_ETCD", "/usr/bin/etcd"), "--name=bench",
-         f"--data-dir={data}/etcd", f"--listen-client-urls={client}",
-         f"--advertise-client-urls={client}", f"--listen-peer-urls={peer}",
-         f"--initial-advertise-peer-urls={peer}", f"--initial-cluster=bench={peer}",
-         "--log-level=error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    host, port = client[7:].split(":")
-    for _ in range(400):
-        try:
-            socket.create_connection((host, int(port)), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    return proc, client
 
 
 def register_to_first_kernel(admin_addr: str, tenants: int, prefix: str) -> list:

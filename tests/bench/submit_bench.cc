@@ -14,13 +14,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <dirent.h>
 #include <time.h>
 
 #include "absl/strings/match.h"
@@ -30,37 +27,11 @@
 
 #include "server/backend/select.h"
 #include "server/core/tenant_runtime.h"
+#include "tests/testing/thread_clock.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Seconds(clockid_t clock) {
-  timespec t{};
-  clock_gettime(clock, &t);
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-}
-
-// The CPU clock of this process's thread named `name` (/proc/self/task/*/comm), if there is one.
-std::optional<clockid_t> ThreadClock(const std::string& name) {
-  DIR* dir = opendir("/proc/self/task");
-  if (dir == nullptr) return std::nullopt;
-  std::optional<clockid_t> clock;
-  while (dirent* entry = readdir(dir)) {
-    int tid = 0;
-    if (!absl::SimpleAtoi(entry->d_name, &tid)) continue;
-    std::ifstream comm(std::string("/proc/self/task/") + entry->d_name + "/comm");
-    std::string line;
-    std::getline(comm, line);
-    if (line != name) continue;
-    // Linux's per-thread scheduler clock (CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED), as glibc's
-    // pthread_getcpuclockid builds it (a negative id); readable for any thread of this process.
-    clock = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
-    break;
-  }
-  closedir(dir);
-  return clock;
-}
 
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
@@ -129,11 +100,11 @@ int main(int argc, char** argv) {
   const double usage_us =
       std::chrono::duration<double, std::micro>(Clock::now() - usage_start).count() / jobs;
 
-  const std::optional<clockid_t> completer = ThreadClock("cuda-completion");
+  const std::optional<clockid_t> completer = testing::ThreadClock("cuda-completion");
   std::vector<double> latency_us(static_cast<size_t>(jobs));
-  const double caller0 = Seconds(CLOCK_THREAD_CPUTIME_ID);
-  const double process0 = Seconds(CLOCK_PROCESS_CPUTIME_ID);
-  const double completer0 = completer ? Seconds(*completer) : 0;
+  const double caller0 = testing::ClockSeconds(CLOCK_THREAD_CPUTIME_ID);
+  const double process0 = testing::ClockSeconds(CLOCK_PROCESS_CPUTIME_ID);
+  const double completer0 = completer ? testing::ClockSeconds(*completer) : 0;
   const auto start = Clock::now();
   for (int i = 0; i < jobs; ++i) {
     const auto t = Clock::now();
@@ -142,9 +113,9 @@ int main(int argc, char** argv) {
         std::chrono::duration<double, std::micro>(Clock::now() - t).count();
   }
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
-  const double caller = Seconds(CLOCK_THREAD_CPUTIME_ID) - caller0;
-  const double process = Seconds(CLOCK_PROCESS_CPUTIME_ID) - process0;
-  const double completer_busy = completer ? Seconds(*completer) - completer0 : 0;
+  const double caller = testing::ClockSeconds(CLOCK_THREAD_CPUTIME_ID) - caller0;
+  const double process = testing::ClockSeconds(CLOCK_PROCESS_CPUTIME_ID) - process0;
+  const double completer_busy = completer ? testing::ClockSeconds(*completer) - completer0 : 0;
 
   std::printf("backend %s%s, %d jobs of an add of %lld f32, one at a time\n", backend.name().data(),
               backend.name() == "cuda" ? (" (completion " + completion + ")").c_str() : "", jobs,
@@ -159,10 +130,10 @@ int main(int argc, char** argv) {
                 (caller + completer_busy) * 1e6 / jobs, caller * 1e6 / jobs,
                 completer_busy * 1e6 / jobs);
     std::this_thread::sleep_for(std::chrono::seconds(1));  // let it go idle
-    const double idle0 = Seconds(*completer);
+    const double idle0 = testing::ClockSeconds(*completer);
     const auto idle_start = Clock::now();
     std::this_thread::sleep_for(std::chrono::seconds(2));
-    const double idle = Seconds(*completer) - idle0;
+    const double idle = testing::ClockSeconds(*completer) - idle0;
     const double idle_wall = std::chrono::duration<double>(Clock::now() - idle_start).count();
     std::printf("  completion thread CPU share: %.1f %% while jobs run, %.3f %% idle\n",
                 100 * completer_busy / wall, 100 * idle / idle_wall);

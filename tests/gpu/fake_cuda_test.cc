@@ -37,6 +37,7 @@
 #include "tests/testing/fake_mps.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/thread_clock.h"
 
 namespace tessera {
 namespace {
@@ -652,23 +653,9 @@ TEST_F(FakeCudaTest, TheSpinningCompletionThreadSleepsWhileNoJobIsInFlight) {
       *kernels::Registry::Global().Prepare("add", {{DType::kF32, {256}}, {DType::kF32, {256}}}, {});
   auto a = *context->Allocate(1024), y = *context->Allocate(1024);
   ASSERT_TRUE(RunJob(*context, {Step{add, {a, a}, {y}}}).ok());
-  // The completion thread's CPU clock (glibc's pthread_getcpuclockid encoding of a tid).
-  std::optional<clockid_t> clock;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(entry.path() / "comm");
-    std::string name;
-    std::getline(comm, name);
-    if (name == "cuda-completion") {
-      const unsigned tid = static_cast<unsigned>(std::stoul(entry.path().filename().string()));
-      clock = static_cast<clockid_t>((~tid << 3) | 6u);
-    }
-  }
+  const std::optional<clockid_t> clock = testing::ThreadClock("cuda-completion");
   ASSERT_TRUE(clock.has_value()) << "no thread named cuda-completion";
-  auto cpu_seconds = [&] {
-    timespec t{};
-    clock_gettime(*clock, &t);
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-  };
+  auto cpu_seconds = [&] { return testing::ClockSeconds(*clock); };
   absl::SleepFor(absl::Milliseconds(100));  // past the spin and the backoff
   const double before = cpu_seconds();
   absl::SleepFor(absl::Milliseconds(500));

@@ -110,6 +110,16 @@ void EnterContextOf(TenantContext& context) {
   }
 }
 
+// A second CUDA backend with other options, for a comparison within one run (exits on error).
+std::unique_ptr<Backend> CudaBackendOrExit(const BackendOptions& options) {
+  auto choice = SelectBackend(options);
+  if (!choice.ok()) {
+    std::fprintf(stderr, "backend: %s\n", choice.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(choice->backend);
+}
+
 std::unique_ptr<TenantContext> NewContext(Backend& backend, const std::string& id, uint32_t share) {
   Quota quota{.device_memory_bytes = 8ull << 30,
               .compute_share_percent = share,
@@ -243,13 +253,10 @@ void Overhead(int reps, std::string& md) {
       "| completion | Tessera p50 us | direct p50 us | overhead us | target |\n"
       "|---|---|---|---|---|\n";
   for (const char* completion : {"spin", "host_function"}) {
-    auto choice = SelectBackend({.backend = "cuda", .mps = "auto", .cuda_completion = completion});
-    if (!choice.ok()) {
-      std::fprintf(stderr, "backend: %s\n", choice.status().ToString().c_str());
-      std::exit(1);
-    }
+    auto backend =
+        CudaBackendOrExit({.backend = "cuda", .mps = "auto", .cuda_completion = completion});
     {
-      auto context = NewContext(*choice->backend, absl::StrCat("overhead-", completion), 100);
+      auto context = NewContext(*backend, absl::StrCat("overhead-", completion), 100);
       EnterContextOf(*context);
       cudaStream_t stream;
       CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -291,12 +298,8 @@ void Programs(int reps, std::string& md) {
       "\n### a 10-step program of 1 KiB adds, as a CUDA graph and step by step\n\n"
       "| graphs | Tessera p50 us |\n|---|---|\n";
   for (bool graphs : {true, false}) {
-    auto choice = SelectBackend({.backend = "cuda", .mps = "auto", .cuda_graphs = graphs});
-    if (!choice.ok()) {
-      std::fprintf(stderr, "backend: %s\n", choice.status().ToString().c_str());
-      std::exit(1);
-    }
-    auto context = NewContext(*choice->backend, graphs ? "graphs" : "steps", 100);
+    auto backend = CudaBackendOrExit({.backend = "cuda", .mps = "auto", .cuda_graphs = graphs});
+    auto context = NewContext(*backend, graphs ? "graphs" : "steps", 100);
     auto a = *context->Allocate(1024), y = *context->Allocate(1024);
     auto add = *kernels::Registry::Global().Prepare(
         "add", {{DType::kF32, {256}}, {DType::kF32, {256}}}, {});

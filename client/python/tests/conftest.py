@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -90,6 +91,40 @@ class Server:
         shutil.rmtree(self.state_dir, ignore_errors=True)
         if self._socket_dir:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+
+ETCD = os.environ.get("TESSERA_ETCD", "/usr/bin/etcd")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_etcd(data_dir: str) -> Tuple[subprocess.Popen, str]:
+    """Debian's etcd, one member on loopback ports with its data under ``data_dir``, once it
+    accepts connections: (process, client URL for --fleet_etcd)."""
+    if not os.access(ETCD, os.X_OK):
+        raise RuntimeError(f"etcd not found at {ETCD}: install etcd-server "
+                           "(deploy/install-deps.sh)")
+    client, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(
+        [ETCD, "--name=test", f"--data-dir={data_dir}/etcd", f"--listen-client-urls={client}",
+         f"--advertise-client-urls={client}", f"--listen-peer-urls={peer}",
+         f"--initial-advertise-peer-urls={peer}", f"--initial-cluster=test={peer}",
+         "--log-level=error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    host, port = client[len("http://"):].split(":")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return proc, client
 
 
 @pytest.fixture(scope="session")

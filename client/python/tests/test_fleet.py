@@ -2,12 +2,8 @@
 sent to the tenant's home, and the client follows it at connect time."""
 from __future__ import annotations
 
-import os
 import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from typing import Iterator
 
 import numpy as np
@@ -15,38 +11,14 @@ import pytest
 
 import tessera
 
-from conftest import Server
-
-ETCD = os.environ.get("TESSERA_ETCD", "/usr/bin/etcd")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import Server, free_port, start_etcd
 
 
 @pytest.fixture
 def etcd() -> Iterator[str]:
-    if not os.access(ETCD, os.X_OK):
-        pytest.fail(f"etcd not found at {ETCD}: install etcd-server (deploy/install-deps.sh)")
     data = tempfile.mkdtemp(prefix="tessera-py-etcd-")
-    client, peer = f"http://127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}"
-    proc = subprocess.Popen(
-        [ETCD, "--name=test", f"--data-dir={data}/etcd", f"--listen-client-urls={client}",
-         f"--advertise-client-urls={client}", f"--listen-peer-urls={peer}",
-         f"--initial-advertise-peer-urls={peer}", f"--initial-cluster=test={peer}",
-         "--log-level=error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, client = start_etcd(data)
     try:
-        host, port = client[len("http://"):].split(":")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection((host, int(port)), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
         yield client
     finally:
         proc.kill()
@@ -55,8 +27,7 @@ def etcd() -> Iterator[str]:
 
 
 def _node(etcd_url: str, name: str) -> Server:
-    port = _free_port()
-    return Server(args=[f"--listen=127.0.0.1:{port}", f"--fleet_etcd={etcd_url}",
+    return Server(args=[f"--listen=127.0.0.1:{free_port()}", f"--fleet_etcd={etcd_url}",
                         f"--node_name={name}", "--fleet_lease_ttl=2s"])
 
 
