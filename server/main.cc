@@ -60,6 +60,9 @@ ABSL_FLAG(std::string, fleet_placement, "spread",
 ABSL_FLAG(bool, cuda_graphs, true,
           "Run a program (a Submit of several steps) as a CUDA graph from its second run on the "
           "same stream and shapes: one launch instead of one per step");
+ABSL_FLAG(bool, cuda_single_launch_graphs, false,
+          "With --cuda_graphs, run a single launch as a CUDA graph too from its second run (off: "
+          "one kernel launch is one driver call either way; measure with gpu_bench)");
 ABSL_FLAG(std::string, cuda_completion, "auto",
           "How the CUDA backend sees jobs end: spin (a thread polls in-flight jobs, spinning "
           "briefly, then backing off; idle when none runs), host_function (one per job), or "
@@ -243,7 +246,8 @@ const std::vector<FlagTopic>& FlagTopics() {
       {"TLS", {"tls_cert", "tls_key", "tls_client_ca"}},
       {"Backend and admission",
        {"backend", "cpu_memory_bytes", "cpu_threads", "cpu_worker_nice", "memory_overcommit",
-        "device_in_flight", "max_kernels_per_tenant", "cuda_completion", "cuda_graphs"}},
+        "device_in_flight", "max_kernels_per_tenant", "cuda_completion", "cuda_graphs",
+        "cuda_single_launch_graphs"}},
       {"MPS", {"mps", "mps_manage", "mps_base_dir", "mps_control", "mps_timeout"}},
       {"Fleet",
        {"fleet_etcd", "node_name", "advertise_address", "fleet_lease_ttl", "fleet_placement"}},
@@ -445,6 +449,7 @@ int main(int argc, char** argv) {
   options.backend.mps = absl::GetFlag(FLAGS_mps);
   options.backend.cuda_completion = absl::GetFlag(FLAGS_cuda_completion);
   options.backend.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  options.backend.cuda_single_launch_graphs = absl::GetFlag(FLAGS_cuda_single_launch_graphs);
   options.fleet = {.etcd = absl::GetFlag(FLAGS_fleet_etcd),
                    .node_name = absl::GetFlag(FLAGS_node_name),
                    .advertise_address = absl::GetFlag(FLAGS_advertise_address),

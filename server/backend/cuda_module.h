@@ -27,6 +27,10 @@ struct CudaModuleOptions {
   /// Whether programs (jobs of several steps) run as CUDA graphs from their second run on
   /// (CudaContext::LaunchProgramLocked).
   bool graphs = true;
+  /// Whether a job of one step (a Launch) runs as a CUDA graph too, from its second run on
+  /// (needs `graphs`). Off by default: one kernel launch is one driver call either way;
+  /// tests/gpu/gpu_bench.cc measures both on a GPU.
+  bool single_launch_graphs = false;
 };
 
 /// The module's one exported symbol, looked up by this name.

@@ -67,7 +67,8 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(const BackendOptions& o
     entry(CudaModuleOptions{.mps = options.mps,
                             .kernel_cache_dir = options.kernel_cache_dir,
                             .completion = completion,
-                            .graphs = options.cuda_graphs},
+                            .graphs = options.cuda_graphs,
+                            .single_launch_graphs = options.cuda_single_launch_graphs},
           &backend);
     return backend;
   }

@@ -35,6 +35,8 @@ struct BackendOptions {
   std::string cuda_completion = "auto";
   /// CUDA backend: programs as CUDA graphs (CudaModuleOptions::graphs).
   bool cuda_graphs = true;
+  /// CUDA backend: single launches as CUDA graphs too (CudaModuleOptions::single_launch_graphs).
+  bool cuda_single_launch_graphs = false;
 };
 
 struct BackendChoice {

@@ -7,7 +7,8 @@
 // "Host work per job".
 //
 // Usage: tessera_submit_bench [--backend=cpu|cuda] [--completion=spin|host_function]
-//                             [--jobs=N] [--elements=N (of the f32 add; 1024)]
+//                             [--single_launch_graphs] [--jobs=N]
+//                             [--elements=N (of the f32 add; 1024)]
 //   On the fake driver: LD_LIBRARY_PATH=build/tests/fake_cuda tessera_submit_bench --backend=cuda
 //   Profile: valgrind --tool=callgrind tessera_submit_bench --jobs=2000
 #include <algorithm>
@@ -43,6 +44,7 @@ double Percentile(std::vector<double> v, double p) {
 int main(int argc, char** argv) {
   using namespace tessera;
   std::string backend_name = "cpu", completion = "spin";
+  bool single_launch_graphs = false;
   int jobs = 20000;
   int64_t elements = 1024;
   for (int i = 1; i < argc; ++i) {
@@ -51,21 +53,26 @@ int main(int argc, char** argv) {
       backend_name = std::string(arg);
     } else if (absl::ConsumePrefix(&arg, "--completion=")) {
       completion = std::string(arg);
+    } else if (arg == "--single_launch_graphs") {
+      single_launch_graphs = true;
     } else if (absl::ConsumePrefix(&arg, "--jobs=") && absl::SimpleAtoi(arg, &jobs) && jobs > 0) {
     } else if (absl::ConsumePrefix(&arg, "--elements=") && absl::SimpleAtoi(arg, &elements) &&
                elements > 0) {
     } else {
       std::fprintf(stderr,
                    "usage: tessera_submit_bench [--backend=cpu|cuda] "
-                   "[--completion=spin|host_function] [--jobs=N] [--elements=N]\n");
+                   "[--completion=spin|host_function] [--single_launch_graphs] [--jobs=N] "
+                   "[--elements=N]\n");
       return 2;
     }
   }
-  absl::StatusOr<BackendChoice> choice = SelectBackend({.backend = backend_name,
-                                                        .mps = "off",
-                                                        .cpu_memory_bytes = uint64_t{1} << 30,
-                                                        .cpu_threads = 2,
-                                                        .cuda_completion = completion});
+  absl::StatusOr<BackendChoice> choice =
+      SelectBackend({.backend = backend_name,
+                     .mps = "off",
+                     .cpu_memory_bytes = uint64_t{1} << 30,
+                     .cpu_threads = 2,
+                     .cuda_completion = completion,
+                     .cuda_single_launch_graphs = single_launch_graphs});
   if (!choice.ok()) {
     std::fprintf(stderr, "%s\n", std::string(choice.status().message()).c_str());
     return 1;
@@ -117,6 +124,7 @@ int main(int argc, char** argv) {
   const double process = testing::ClockSeconds(CLOCK_PROCESS_CPUTIME_ID) - process0;
   const double completer_busy = completer ? testing::ClockSeconds(*completer) - completer0 : 0;
 
+  if (single_launch_graphs) std::printf("single launches as CUDA graphs\n");
   std::printf("backend %s%s, %d jobs of an add of %lld f32, one at a time\n", backend.name().data(),
               backend.name() == "cuda" ? (" (completion " + completion + ")").c_str() : "", jobs,
               static_cast<long long>(elements));

@@ -70,15 +70,19 @@ class FakeCudaTest : public ::testing::Test {
   /// The CUDA backend on the fake driver, with `env` set for its cuInit. Jobs' completion is
   /// seen by the spinning thread unless `completion` says otherwise (the server on this
   /// 2-CPU machine picks host functions, so the integration suite covers those).
+  /// `single_launch_graphs`: --cuda_single_launch_graphs.
   Backend& Cuda(const std::string& mps = "auto",
                 const std::vector<std::pair<std::string, std::string>>& env = {},
-                const std::string& completion = "spin") {
+                const std::string& completion = "spin", bool single_launch_graphs = false) {
     for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
     // Counting starts before the backend loads its kernel libraries (the fake may still be
     // loaded from an earlier test when the whole binary runs in one process).
     if (auto loaded = testing::FakeCudaDriver::Loaded()) loaded->Reset();
     absl::StatusOr<BackendChoice> choice =
-        SelectBackend({.backend = "cuda", .mps = mps, .cuda_completion = completion});
+        SelectBackend({.backend = "cuda",
+                       .mps = mps,
+                       .cuda_completion = completion,
+                       .cuda_single_launch_graphs = single_launch_graphs});
     EXPECT_TRUE(choice.ok()) << choice.status();
     if (!choice.ok()) std::abort();  // every test here needs it
     backend_ = std::move(choice->backend);
@@ -616,13 +620,16 @@ TEST_F(FakeCudaTest, AJobsDriverCallsStayWithinTheirBudget) {
   // the host function (--cuda_completion=spin) 4 and 13; the spinning thread's polls grow
   // with the job's length instead (reported, not budgeted). With the program replayed as a
   // CUDA graph (its launch in place of ten), 4 and 4: record, graph launch, record, elapsed.
+  // A single launch as a graph (--cuda_single_launch_graphs) stays at 4.
   struct Mode {
     const char* completion;
+    bool single_launch_graphs;
     double launch_budget, program_budget;
   };
-  for (const Mode& mode : {Mode{"spin", 4, 4}, Mode{"host_function", 5, 5}}) {
-    SCOPED_TRACE(mode.completion);
-    Cuda("auto", {}, mode.completion);
+  for (const Mode& mode :
+       {Mode{"spin", false, 4, 4}, Mode{"host_function", false, 5, 5}, Mode{"spin", true, 4, 4}}) {
+    SCOPED_TRACE(absl::StrCat(mode.completion, mode.single_launch_graphs ? ", single" : ""));
+    Cuda("auto", {}, mode.completion, mode.single_launch_graphs);
     auto context = Context("counted", 25);
     ASSERT_NE(context, nullptr);
     auto a = *context->Allocate(n * 4), b = *context->Allocate(n * 4),
@@ -630,8 +637,10 @@ TEST_F(FakeCudaTest, AJobsDriverCallsStayWithinTheirBudget) {
     const PerJob one = per_job(*context, {Step{add, {a, b}, {y}}});
     const PerJob ten = per_job(*context, std::vector<Step>(10, Step{add, {a, b}, {y}}));
     std::printf(
-        "driver calls per job (%s): launch %.1f (+ %.1f polling), 10-step program %.1f (+ %.1f)\n",
-        mode.completion, one.budgeted, one.polling, ten.budgeted, ten.polling);
+        "driver calls per job (%s%s): launch %.1f (+ %.1f polling), 10-step program %.1f (+ "
+        "%.1f)\n",
+        mode.completion, mode.single_launch_graphs ? ", single launches as graphs" : "",
+        one.budgeted, one.polling, ten.budgeted, ten.polling);
     EXPECT_LE(one.budgeted, mode.launch_budget) << "per job, by entry point:\n" << one.detail;
     EXPECT_LE(ten.budgeted, mode.program_budget) << "per job, by entry point:\n" << ten.detail;
     a.reset();
@@ -766,6 +775,43 @@ TEST_F(FakeCudaTest, AProgramRunsAsACudaGraphFromItsSecondRun) {
   y2.reset();
   context.reset();
   EXPECT_EQ(fake_->tally(FakeCudaKind::kGraphExec).live, 0) << "graphs outlived their context";
+}
+
+// Single launches stay kernel launches by default; with --cuda_single_launch_graphs one is
+// captured at its second run and replayed from then on (a catalog element-wise kernel and a
+// cuBLAS matmul alike), computing the same results, within the same driver-call budget.
+TEST_F(FakeCudaTest, ASingleLaunchRunsAsAGraphOnlyWhenAskedTo) {
+  const kernels::Registry& reg = kernels::Registry::Global();
+  const int64_t n = 4;
+  const TensorMeta m{DType::kF32, {n, n}};
+  std::vector<float> identity(n * n, 0.0f);
+  for (int64_t i = 0; i < n; ++i) identity[i * n + i] = 1.0f;
+  for (bool as_graphs : {false, true}) {
+    SCOPED_TRACE(as_graphs ? "single launches as graphs" : "default");
+    Cuda("auto", {}, "spin", as_graphs);
+    auto context = Context("single", 50);
+    ASSERT_NE(context, nullptr);
+    auto x = Filled(*context, identity);
+    auto y = *context->Allocate(n * n * 4);
+    auto add = *reg.Prepare("add", {m, m}, {});
+    auto matmul = *reg.Prepare("matmul", {m, m}, {});
+    std::vector<float> doubled = identity;
+    for (float& v : doubled) v *= 2;
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(RunJob(*context, {Step{add, {x, x}, {y}}}).ok());
+      EXPECT_EQ(Read(*context, y), doubled) << "run " << i;
+      ASSERT_TRUE(RunJob(*context, {Step{matmul, {x, x}, {y}}}).ok());
+      EXPECT_EQ(Read(*context, y), identity) << "run " << i;
+    }
+    // Two launches, each captured at its second run and replayed twice after.
+    EXPECT_EQ(DriverCalls(*fake_, "cuStreamBeginCapture"), as_graphs ? 2 : 0);
+    EXPECT_EQ(DriverCalls(*fake_, "cuGraphLaunch"), as_graphs ? 6 : 0);
+    EXPECT_EQ(fake_->tally(FakeCudaKind::kGraphExec).live, as_graphs ? 2 : 0);
+    x.reset();
+    y.reset();
+    context.reset();
+    backend_.reset();
+  }
 }
 
 // A program whose step writes over its own input goes through a temporary (TempSlots) and is

@@ -8,13 +8,16 @@
 // switching between contexts. Each call waits for its result (the backend's completion
 // callback; cudaStreamSynchronize directly). Job overhead: a tiny job through the backend
 // against the same-sized device copy and a synchronize, with each completion mode; a 10-step
-// program with and without CUDA graphs.
+// program with and without CUDA graphs; single launches (an add, a matmul) as kernel launches
+// and as CUDA graphs (--cuda_single_launch_graphs).
 //   tessera_gpu_bench [--quick]     prints a Markdown report
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -311,6 +314,52 @@ void Programs(int reps, std::string& md) {
   }
 }
 
+// Single launches through the backend as kernel launches (the default) and as CUDA graphs
+// (--cuda_single_launch_graphs), p50: whether a one-node graph launch beats the launch it
+// replaces, for an element-wise kernel and a cuBLAS matmul (several kernels inside cuBLAS).
+void SingleLaunches(int reps, std::string& md) {
+  md +=
+      "\n### single launches as kernel launches and as CUDA graphs "
+      "(--cuda_single_launch_graphs)\n\n"
+      "| launch | kernel launches p50 us | graph p50 us | graph / launches |\n|---|---|---|---|\n";
+  struct Case {
+    const char* name;
+    const char* kernel;
+    DType dtype;
+    int64_t n;  // elements of an add; a matmul's n x n
+  };
+  const std::vector<Case> cases = {{"add f32 1 KiB", "add", DType::kF32, 256},
+                                   {"add f32 64 MiB", "add", DType::kF32, int64_t{16} << 20},
+                                   {"matmul f16 n=256", "matmul", DType::kF16, 256},
+                                   {"matmul f16 n=1024", "matmul", DType::kF16, 1024}};
+  std::vector<std::array<double, 2>> p50(cases.size());
+  for (bool graphs : {false, true}) {
+    auto backend =
+        CudaBackendOrExit({.backend = "cuda", .mps = "auto", .cuda_single_launch_graphs = graphs});
+    auto context = NewContext(*backend, graphs ? "single-graphs" : "single-launches", 100);
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const Case& k = cases[c];
+      const bool matmul = std::string_view(k.kernel) == "matmul";
+      const std::vector<int64_t> shape =
+          matmul ? std::vector<int64_t>{k.n, k.n} : std::vector<int64_t>{k.n};
+      const size_t bytes =
+          static_cast<size_t>(matmul ? k.n * k.n : k.n) * kernels::DTypeSize(k.dtype);
+      auto plan =
+          *kernels::Registry::Global().Prepare(k.kernel, {{k.dtype, shape}, {k.dtype, shape}}, {});
+      auto a = *context->Allocate(bytes), y = *context->Allocate(bytes);
+      const std::vector<Step> launch = {Step{plan, {a, a}, {y}}};
+      for (int i = 0; i < 10; ++i) RunJob(*context, launch);  // loaded; captured at the 2nd
+      std::vector<double> times;
+      for (int i = 0; i < reps * 20; ++i) times.push_back(RunJob(*context, launch));
+      p50[c][graphs ? 1 : 0] = Median(times) * 1e6;
+    }
+  }
+  for (size_t c = 0; c < cases.size(); ++c) {
+    absl::StrAppend(&md, "| ", cases[c].name, " | ", p50[c][0], " | ", p50[c][1], " | ",
+                    p50[c][1] / p50[c][0], " |\n");
+  }
+}
+
 void Contexts(Backend& backend, std::string& md) {
   md +=
       "\n### per-tenant context creation\n\n"
@@ -355,6 +404,7 @@ int main(int argc, char** argv) {
   cuCtxSetCurrent(nullptr);
   tessera::Overhead(quick ? 5 : 21, md);
   tessera::Programs(quick ? 5 : 21, md);
+  tessera::SingleLaunches(quick ? 5 : 21, md);
   std::printf("%s", md.c_str());
   return 0;
 }

@@ -153,6 +153,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaModul
   backend->driver_ = std::move(driver);
   backend->host_function_completion_ = options.completion == "host_function";
   backend->graphs_ = options.graphs;
+  backend->single_launch_graphs_ = options.single_launch_graphs;
   backend->completer_ = std::thread([b = backend.get()] { b->CompletionLoop(); });
   return backend;
 }

@@ -124,6 +124,8 @@ class CudaBackend final : public Backend {
   bool host_function_completion_ = false;
   // CudaModuleOptions::graphs.
   bool graphs_ = true;
+  // CudaModuleOptions::single_launch_graphs.
+  bool single_launch_graphs_ = false;
 
   mutable absl::Mutex mps_mu_;
   MpsState mps_ ABSL_GUARDED_BY(mps_mu_);

@@ -806,7 +806,8 @@ void CudaContext::EnqueueLocked(int stream, std::vector<Step> steps,
   p.result = std::move(failure);
   const std::vector<uint64_t> slots = TempSlots(steps);
   absl::Status as_graph;
-  if (p.result.status.ok() && slots.empty() && steps.size() > 1 && backend_->graphs_ &&
+  const bool graph_sized = steps.size() > 1 || backend_->single_launch_graphs_;
+  if (p.result.status.ok() && slots.empty() && graph_sized && backend_->graphs_ &&
       LaunchProgramLocked(current, s, stream, steps, as_graph)) {
     if (!as_graph.ok()) p.result = ExecResult{as_graph, 0};
   } else {
