@@ -242,9 +242,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   v1::Location location;
   grpc::Status asked = client->compute_->Locate(context.get(), v1::LocateRequest(), &location);
   if (!asked.ok() || location.here() || location.address().empty()) return client;
+  // One hop: the home answers for itself. Still a client that follows redirects, whose calls
+  // say so (NewContext).
   options.address = location.address();
-  options.follow_home = false;  // one hop: the home answers for itself
-  return Connect(std::move(options));
+  channel = grpc::CreateCustomChannel(options.address, credentials, args);
+  return std::unique_ptr<Client>(new Client(std::move(options), std::move(channel)));
 }
 
 Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
@@ -266,6 +268,11 @@ std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
                         absl::ToChronoMilliseconds(options_.timeout));
   if (!options_.token.empty()) {
     context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
+  }
+  // A node that is not the tenant's home answers the redirect rather than forwarding the
+  // call (docs/api.md, "Forwarding and redirects"): this client connected to the home.
+  if (options_.follow_home && absl::StartsWith(options_.token, "tsk_")) {
+    context->AddMetadata("tessera-follow-home", "1");
   }
   return context;
 }
@@ -340,10 +347,11 @@ absl::StatusOr<v1::ListNodesResponse> Client::ListNodes() {
   });
 }
 
-absl::Status Client::DrainNode(const std::string& name, bool undo) {
+absl::Status Client::DrainNode(const std::string& name, bool undo, bool move_tenants) {
   v1::DrainNodeRequest request;
   request.set_name(name);
   request.set_undo(undo);
+  request.set_move_tenants(move_tenants);
   return Unary<v1::DrainNodeResponse>(*this,
                                       [&](auto* context, auto* response) {
                                         return admin_->DrainNode(context, request, response);

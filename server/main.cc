@@ -57,6 +57,10 @@ ABSL_FLAG(absl::Duration, fleet_lease_ttl, absl::Seconds(10),
 ABSL_FLAG(std::string, fleet_placement, "spread",
           "Fleet mode: where RegisterTenant puts a tenant: spread (the node with the most free "
           "memory) or pack (the least that fits)");
+ABSL_FLAG(bool, fleet_forward, true,
+          "Fleet mode: forward a tenant's calls that reach this node to its home node (one "
+          "hop) unless the client sends tessera-follow-home: 1; false: answer them with the "
+          "redirect (FAILED_PRECONDITION naming the home). A node serving TLS never forwards");
 ABSL_FLAG(bool, cuda_graphs, true,
           "Run a program (a Submit of several steps) as a CUDA graph from its second run on the "
           "same stream and shapes: one launch instead of one per step");
@@ -250,7 +254,8 @@ const std::vector<FlagTopic>& FlagTopics() {
         "cuda_single_launch_graphs"}},
       {"MPS", {"mps", "mps_manage", "mps_base_dir", "mps_control", "mps_timeout"}},
       {"Fleet",
-       {"fleet_etcd", "node_name", "advertise_address", "fleet_lease_ttl", "fleet_placement"}},
+       {"fleet_etcd", "node_name", "advertise_address", "fleet_lease_ttl", "fleet_placement",
+        "fleet_forward"}},
       {"Metrics",
        {"metrics_listen", "metrics_token_file", "metrics_tls_cert", "metrics_tls_key",
         "metrics_tls_client_ca", "metrics_tenant_label"}},
@@ -454,7 +459,8 @@ int main(int argc, char** argv) {
                    .node_name = absl::GetFlag(FLAGS_node_name),
                    .advertise_address = absl::GetFlag(FLAGS_advertise_address),
                    .lease_ttl = absl::GetFlag(FLAGS_fleet_lease_ttl),
-                   .placement = absl::GetFlag(FLAGS_fleet_placement)};
+                   .placement = absl::GetFlag(FLAGS_fleet_placement),
+                   .forward = absl::GetFlag(FLAGS_fleet_forward)};
   options.metrics = {.listen = absl::GetFlag(FLAGS_metrics_listen),
                      .token_file = absl::GetFlag(FLAGS_metrics_token_file),
                      .tls_cert = absl::GetFlag(FLAGS_metrics_tls_cert),

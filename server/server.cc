@@ -214,7 +214,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   if (!opts.unix_socket.empty()) server->region_tickets_ = std::make_unique<RegionTickets>();
   server->compute_service_ = std::make_unique<ComputeService>(
       server->authenticator_.get(), server->tenants_.get(), opts.max_message_bytes,
-      server->region_tickets_.get(), server->region_socket_path());
+      server->region_tickets_.get(), server->region_socket_path(),
+      ForwardOptions{.node_name = server->fleet_ != nullptr ? server->fleet_->node_name() : "",
+                     .forward = opts.fleet.forward && opts.tls_cert.empty()});
   return server;
 }
 
@@ -448,16 +450,20 @@ absl::Status Server::JoinFleet() {
                                                   ? reservable - load.reserved_bytes
                                                   : 0,
                          .tenants = load.contexts,
+                         .share_percent = load.share_percent,
                          .context_limit = load.device.context_limit});
     }
     return devices;
   };
-  ASSIGN_OR_RETURN(fleet_, fleet::Fleet::Join({.etcd_endpoints = std::move(endpoints),
-                                               .node_name = node,
-                                               .advertise_address = advertise,
-                                               .backend = std::string(backend_->name()),
-                                               .lease_ttl = f.lease_ttl},
-                                              capacity));
+  ASSIGN_OR_RETURN(fleet_,
+                   fleet::Fleet::Join(
+                       {.etcd_endpoints = std::move(endpoints),
+                        .node_name = node,
+                        .advertise_address = advertise,
+                        .backend = std::string(backend_->name()),
+                        .lease_ttl = f.lease_ttl,
+                        .placement = f.placement == "pack" ? Placement::kPack : Placement::kSpread},
+                       capacity));
   return absl::OkStatus();
 }
 

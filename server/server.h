@@ -91,6 +91,9 @@ struct ServerOptions {
     absl::Duration lease_ttl = absl::Seconds(10);
     /// --fleet_placement: "spread" or "pack" (Placement).
     std::string placement = "spread";
+    /// --fleet_forward: a tenant's calls reaching this node are forwarded to its home
+    /// (forward.h); false: they get the redirect. A node serving TLS never forwards.
+    bool forward = true;
   } fleet;
   /// Called once, from a backend thread, when the backend can run nothing more in this
   /// process (Backend::SetFatalHandler); tessera-server then shuts down and exits 75 for its

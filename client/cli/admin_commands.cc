@@ -460,22 +460,30 @@ void AddServerAndMps(CommandTree& tree) {
                NodeList);
   auto* drain_name = tree.Make<std::string>();
   auto* undo = tree.Make<bool>();
+  auto* move = tree.Make<bool>();
   CLI::App* drain = tree.Command(
-      node, "drain", "Place no new tenant on a node (its tenants stay)",
-      {.usage = "NAME [--undo]",
-       .details = "The node shows it at its next lease renewal (tessera node list: draining).",
-       .examples = {"tessera node drain gpu-node-7", "tessera node drain gpu-node-7 --undo"}},
-      [drain_name, undo](Session& s) {
-        absl::Status done = s.client().DrainNode(*drain_name, *undo);
+      node, "drain", "Place no new tenant on a node (its tenants stay unless --move)",
+      {.usage = "NAME [--move | --undo]",
+       .details = "The node shows it at its next lease renewal (tessera node list: draining). "
+                  "--move also moves its tenants to other nodes within seconds, with their ids, "
+                  "quotas and keys; their tensors, jobs and defined kernels are lost. A stopped "
+                  "node's tenants wait for it unless it is drained with --move.",
+       .examples = {"tessera node drain gpu-node-7", "tessera node drain gpu-node-7 --move",
+                    "tessera node drain gpu-node-7 --undo"}},
+      [drain_name, undo, move](Session& s) {
+        absl::Status done = s.client().DrainNode(*drain_name, *undo, *move);
         if (!done.ok()) return s.Failed(done);
         if (!s.json()) {
           std::cout << "node " << *drain_name
-                    << (*undo ? " takes new tenants again\n" : " drains: no new tenants\n");
+                    << (*undo   ? " takes new tenants again\n"
+                        : *move ? " drains: no new tenants, its tenants move to other nodes\n"
+                                : " drains: no new tenants\n");
         }
         return static_cast<int>(kExitOk);
       });
   drain->add_option("NAME", *drain_name, "The node's --node_name")->required();
   drain->add_flag("--undo", *undo, "Take new tenants again");
+  drain->add_flag("--move", *move, "Also move the node's tenants to other nodes");
   CLI::App* mps = tree.Group(tree.root(), "mps", "NVIDIA MPS", kAdminSection);
   tree.Command(mps, "status", "MPS decision, control daemons, servers and clients",
                {.examples = {"tessera mps status"}}, MpsStatus);

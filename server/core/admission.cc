@@ -99,24 +99,28 @@ std::string FormatBytes(uint64_t bytes) {
 }
 
 std::optional<size_t> ChooseNode(const std::vector<FleetNode>& nodes, uint64_t memory_bytes,
-                                 Placement placement) {
-  std::optional<size_t> best;
-  uint64_t best_free = 0;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (nodes[i].draining) continue;
-    for (const FleetDevice& d : nodes[i].devices) {
-      if (d.free_memory_bytes < memory_bytes) continue;
-      if (d.context_limit != 0 && d.tenants >= d.context_limit) continue;
-      const bool better =
-          !best.has_value() || (placement == Placement::kSpread ? d.free_memory_bytes > best_free
-                                                                : d.free_memory_bytes < best_free);
-      if (better) {
-        best = i;
-        best_free = d.free_memory_bytes;
+                                 uint32_t share_percent, Placement placement) {
+  for (const bool share_fits : {true, false}) {
+    std::optional<size_t> best;
+    uint64_t best_free = 0;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (nodes[i].draining) continue;
+      for (const FleetDevice& d : nodes[i].devices) {
+        if (d.free_memory_bytes < memory_bytes) continue;
+        if (d.context_limit != 0 && d.tenants >= d.context_limit) continue;
+        if (share_fits && uint64_t{d.share_percent} + share_percent > 100) continue;
+        const bool better = !best.has_value() ||
+                            (placement == Placement::kSpread ? d.free_memory_bytes > best_free
+                                                             : d.free_memory_bytes < best_free);
+        if (better) {
+          best = i;
+          best_free = d.free_memory_bytes;
+        }
       }
     }
+    if (best.has_value()) return best;
   }
-  return best;
+  return std::nullopt;
 }
 
 }  // namespace tessera

@@ -18,6 +18,8 @@ struct DeviceLoad {
   DeviceInfo device;
   uint64_t reserved_bytes = 0;
   uint32_t contexts = 0;
+  /// The compute shares (compute_share_percent) of the tenants on it, summed.
+  uint32_t share_percent = 0;
 };
 
 /// capacity × overcommit, rounded down, saturating at UINT64_MAX.
@@ -41,12 +43,15 @@ enum class Placement {
   kPack,
 };
 
-/// The node (an index into `nodes`) a new tenant reserving `memory_bytes` goes to: among the
-/// nodes not draining, a device whose free memory fits the reservation and whose MPS client
-/// limit (if any) has room, chosen by `placement`; ties go to the first by name. nullopt when
-/// no node has such a device. Pure arithmetic.
+/// The node (an index into `nodes`) a new tenant reserving `memory_bytes` with a compute
+/// share of `share_percent` goes to: among the nodes not draining, a device whose free memory
+/// fits the reservation and whose MPS client limit (if any) has room, chosen by `placement`;
+/// ties go to the first by name. Devices whose tenants' shares leave room for this one (sum
+/// at most 100 %) come first; a device only memory fits is chosen when no other is (shares
+/// are limits on each client, not reservations, so they may add up past 100 %). nullopt
+/// when no node has a device that fits. Pure arithmetic.
 std::optional<size_t> ChooseNode(const std::vector<FleetNode>& nodes, uint64_t memory_bytes,
-                                 Placement placement);
+                                 uint32_t share_percent, Placement placement);
 
 /// "8.00 GiB (8589934592 bytes)".
 std::string FormatBytes(uint64_t bytes);

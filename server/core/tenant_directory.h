@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -24,6 +25,8 @@ struct FleetDevice {
   /// Memory not reserved by tenants' quotas (capacity × overcommit − reserved).
   uint64_t free_memory_bytes = 0;
   uint32_t tenants = 0;
+  /// The compute shares of its tenants, summed (may pass 100: shares are per-client limits).
+  uint32_t share_percent = 0;
   /// The MPS client limit (0: none).
   uint32_t context_limit = 0;
 };
@@ -48,6 +51,12 @@ struct TenantHome {
   std::string address;
 };
 
+/// A tenant as the fleet's directory has it.
+struct FleetTenant {
+  TenantRecord record;
+  std::string home_node;
+};
+
 /// The fleet's tenant directory (server/fleet: etcd), when the server is one node of a fleet;
 /// a single server has none. TenantTable writes a tenant there before it commits the tenant
 /// locally, so no id is registered twice across the fleet and nothing is acknowledged before
@@ -58,6 +67,35 @@ struct TenantHome {
 class TenantDirectory {
  public:
   virtual ~TenantDirectory() = default;
+
+  /// What the directory asks of the node's own tenants (TenantTable), to move tenants between
+  /// nodes: adopting those of a lost or drained node, forgetting those that moved away.
+  /// Called from the directory's thread, never while it holds a lock a TenantTable call
+  /// could need.
+  class Members {
+   public:
+    virtual ~Members() = default;
+    /// The ids of the tenants this node serves.
+    virtual std::vector<std::string> LocalTenantIds() const = 0;
+    /// The record of local tenant `id` (to publish one the directory lacks).
+    virtual absl::StatusOr<TenantRecord> LocalRecord(absl::string_view id) const = 0;
+    /// Takes on tenant `record` (id, quotas, key hash kept), whose home `from` was lost or
+    /// drained: admits it on a device here and creates its context, then calls `claim`
+    /// (the directory's transaction making this node its home) and commits it locally only
+    /// if that succeeds. `note` explains the move to the tenant's calls for handles from
+    /// before it. ALREADY_EXISTS when the id is here already; admission's errors otherwise.
+    virtual absl::Status Adopt(TenantRecord record, absl::string_view note,
+                               absl::FunctionRef<absl::Status(const TenantRecord&)> claim) = 0;
+    /// Drops local tenant `id`, which the directory homes elsewhere now or no longer has:
+    /// from the local store and memory; calls holding it fail with `why`. Idempotent.
+    virtual void Forget(absl::string_view id, absl::string_view why) = 0;
+  };
+  /// Connects the node's tenants (not owned) once they are restored, and reconciles them
+  /// with the directory before the node serves: local tenants homed elsewhere now are
+  /// forgotten; at a node's first join, local tenants the directory lacks (a single server
+  /// turned into a node) are published. null detaches (before `members` is destroyed),
+  /// waiting for a reconciliation in progress.
+  virtual absl::Status Attach(Members* members) = 0;
 
   /// Records a new tenant homed at this node. ALREADY_EXISTS when the id is taken anywhere in
   /// the fleet; UNAVAILABLE, naming the store, when it cannot be reached.
@@ -72,9 +110,14 @@ class TenantDirectory {
   virtual std::string where() const = 0;
   /// Every live node, by name. UNAVAILABLE naming the store when it cannot be reached.
   virtual absl::StatusOr<std::vector<FleetNode>> Nodes() = 0;
-  /// Marks node `name` draining (or not): placement skips it. NOT_FOUND for no live node of
+  /// Marks node `name` draining (or not): placement skips it. With `move`, its tenants are
+  /// also moved to other nodes (placed like new ones, ids, quotas and keys kept, tensors and
+  /// jobs lost); a node that is not live may be drained only so. NOT_FOUND for no node of
   /// that name; UNAVAILABLE when the store cannot be reached.
-  virtual absl::Status SetDraining(absl::string_view name, bool draining) = 0;
+  virtual absl::Status SetDraining(absl::string_view name, bool draining, bool move) = 0;
+  /// Every tenant of the fleet, by id, with its home node. UNAVAILABLE when the store cannot
+  /// be reached.
+  virtual absl::StatusOr<std::vector<FleetTenant>> Tenants() = 0;
   /// Publishes this node's capacity now (after a registration or deregistration changed it),
   /// not only at the next lease renewal, so placements elsewhere see it. Best effort.
   virtual void CapacityChanged() = 0;

@@ -18,8 +18,9 @@ absl::StatusOr<std::string> NewId(absl::string_view prefix) {
   return absl::StrCat(prefix, random);
 }
 
-absl::Status NotFound(absl::string_view handle) {
-  return absl::NotFoundError(absl::StrCat("tensor \"", handle.substr(0, 64), "\" not found"));
+// `note`: TenantRuntime::set_moved_note's, explaining why a handle from before a move is gone.
+absl::Status NotFound(absl::string_view handle, absl::string_view note) {
+  return absl::NotFoundError(absl::StrCat("tensor \"", handle.substr(0, 64), "\" not found", note));
 }
 
 // The gate a quota asks for (unset fields, as in tests that skip NormalizeQuota, take the
@@ -89,7 +90,7 @@ std::shared_ptr<TenantContext> TenantRuntime::ContextOrNull() const {
 
 absl::StatusOr<TenantRuntime::Tensor*> TenantRuntime::FindLocked(absl::string_view handle) {
   auto it = tensors_.find(handle);
-  if (it == tensors_.end()) return NotFound(handle);
+  if (it == tensors_.end()) return NotFound(handle, moved_note_);
   return &it->second;
 }
 
@@ -163,7 +164,7 @@ absl::StatusOr<TensorInfo> TenantRuntime::GetTensor(absl::string_view handle) co
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckOpen());
   auto it = tensors_.find(handle);
-  if (it == tensors_.end()) return NotFound(handle);
+  if (it == tensors_.end()) return NotFound(handle, moved_note_);
   return it->second.info;
 }
 
@@ -621,7 +622,8 @@ absl::StatusOr<JobInfo> TenantRuntime::GetJob(absl::string_view id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job \"", id.substr(0, 64), "\" not found"));
+    return absl::NotFoundError(
+        absl::StrCat("job \"", id.substr(0, 64), "\" not found", moved_note_));
   }
   return it->second->info;
 }
@@ -633,7 +635,8 @@ absl::StatusOr<JobInfo> TenantRuntime::CancelJob(absl::string_view id) {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("job \"", id.substr(0, 64), "\" not found"));
+      return absl::NotFoundError(
+          absl::StrCat("job \"", id.substr(0, 64), "\" not found", moved_note_));
     }
     job = it->second;
     if (job->info.state != JobState::kQueued) return job->info;
@@ -678,7 +681,8 @@ absl::Status TenantRuntime::WhenJobDone(absl::string_view id, JobCallback callba
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("job \"", id.substr(0, 64), "\" not found"));
+      return absl::NotFoundError(
+          absl::StrCat("job \"", id.substr(0, 64), "\" not found", moved_note_));
     }
     Job& job = *it->second;
     if (job.info.state == JobState::kQueued || job.info.state == JobState::kRunning) {

@@ -128,6 +128,10 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   ~TenantRuntime();
 
   const std::string& tenant_id() const { return tenant_id_; }
+  /// For a tenant a fleet moved here after its home was lost (TenantTable::Adopt): appended
+  /// to the NOT_FOUND of a tensor or job handle, saying that those from before the move are
+  /// gone. Set before the runtime is shared.
+  void set_moved_note(std::string note) { moved_note_ = std::move(note); }
   const Quota& quota() const { return quota_; }
   const ContextInfo& context_info() const { return context_info_; }
   /// Every byte the tenant's work holds; outlives the runtime while any of it is held.
@@ -384,6 +388,7 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
   std::shared_ptr<TenantContext> ContextOrNull() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string tenant_id_;
+  std::string moved_note_;  // set_moved_note; constant once shared
   const Quota quota_;
   const ContextInfo context_info_;
   const std::shared_ptr<MemoryLedger> ledger_;

@@ -36,10 +36,14 @@ absl::StatusOr<std::unique_ptr<TenantTable>> TenantTable::Create(Options options
   }
   table->scheduler_ = JobScheduler::Create(std::move(scheduling));
   RETURN_IF_ERROR(table->Restore());
+  if (options.directory != nullptr) RETURN_IF_ERROR(options.directory->Attach(table.get()));
   return table;
 }
 
-TenantTable::~TenantTable() { ReleaseContexts(); }
+TenantTable::~TenantTable() {
+  if (options_.directory != nullptr) (void)options_.directory->Attach(nullptr);
+  ReleaseContexts();
+}
 
 absl::Status TenantTable::QuotaImmutableError(absl::string_view id) {
   return absl::FailedPreconditionError(absl::StrCat(
@@ -238,6 +242,82 @@ absl::StatusOr<TenantTable::Registered> TenantTable::Register(TenantSpec spec) {
   return result;
 }
 
+std::vector<std::string> TenantTable::LocalTenantIds() const {
+  std::vector<std::string> ids;
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [id, entry] : tenants_) ids.push_back(id);
+  return ids;
+}
+
+absl::StatusOr<TenantRecord> TenantTable::LocalRecord(absl::string_view id) const {
+  return RecordOf(id);
+}
+
+absl::Status TenantTable::Adopt(TenantRecord record, absl::string_view note,
+                                absl::FunctionRef<absl::Status(const TenantRecord&)> claim) {
+  absl::MutexLock mutation(&mutation_mu_);
+  ASSIGN_OR_RETURN(record.quota, NormalizeQuota(record.quota));
+  std::vector<DeviceLoad> loads;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (released_) return absl::UnavailableError("the server is shutting down");
+    if (tenants_.contains(record.id)) {
+      return absl::AlreadyExistsError(absl::StrCat("tenant_id \"", record.id, "\" is here"));
+    }
+    loads = DeviceLoadsLocked();
+  }
+  // Its old device index names a device of another node: placed here like a new tenant.
+  ASSIGN_OR_RETURN(record.device_index,
+                   ChooseDevice(loads, options_.memory_overcommit, record.quota.device_memory_bytes,
+                                std::nullopt));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<TenantContext> context,
+      backend_->CreateContext(ContextRequest{record.id, record.quota, record.device_index}));
+  auto entry = std::make_unique<Entry>();
+  entry->runtime = std::make_shared<TenantRuntime>(record.id, record.quota, std::move(context),
+                                                   scheduler_, record.device_index);
+  entry->runtime->set_moved_note(std::string(note));
+  record.update_time = NowMicros();
+  // The directory's transaction decides: another node may have taken the tenant first.
+  RETURN_IF_ERROR(claim(record));
+  // Served from the moment the directory says it lives here (its clients are sent here).
+  entry->record = record;
+  {
+    absl::MutexLock lock(&mu_);
+    tenants_.emplace(record.id, std::move(entry));
+  }
+  // A row left from an earlier stay here is replaced.
+  absl::Status stored = store_->Insert(record);
+  if (absl::IsAlreadyExists(stored)) stored = store_->Update(record);
+  if (!stored.ok()) {
+    // Homed here in the directory: restored from it at the next start (Attach).
+    spdlog::error("fleet: tenant {} adopted but not stored locally: {}", record.id,
+                  std::string(stored.message()));
+  }
+  return absl::OkStatus();
+}
+
+void TenantTable::Forget(absl::string_view id, absl::string_view why) {
+  absl::MutexLock mutation(&mutation_mu_);
+  std::unique_ptr<Entry> entry;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tenants_.find(id);
+    if (it == tenants_.end()) return;
+    entry = std::move(it->second);
+    tenants_.erase(it);
+    std::erase_if(draining_, [](const Draining& d) { return d.ledger->used() == 0; });
+    draining_.push_back(Draining{entry->record.device_index,
+                                 entry->record.quota.device_memory_bytes,
+                                 entry->runtime->ledger()});
+  }
+  if (absl::Status deleted = store_->Delete(id); !deleted.ok() && !absl::IsNotFound(deleted)) {
+    spdlog::error("fleet: forgetting tenant {}: {}", id, std::string(deleted.message()));
+  }
+  spdlog::warn("fleet: tenant {} {}; no longer served here", id, why);
+  entry->runtime->Close(why);
+}
+
 absl::StatusOr<TenantView> TenantTable::Get(absl::string_view id) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = tenants_.find(id);
@@ -372,6 +452,7 @@ std::vector<DeviceLoad> TenantTable::DeviceLoadsLocked() const {
     if (index < 0 || static_cast<size_t>(index) >= loads.size()) continue;
     loads[index].reserved_bytes += entry->record.quota.device_memory_bytes;
     loads[index].contexts += 1;
+    loads[index].share_percent += entry->record.quota.compute_share_percent;
   }
   // Readers only read: several hold mu_ shared at once (Deregister prunes what has drained).
   for (const Draining& d : draining_) {

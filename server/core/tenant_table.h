@@ -40,7 +40,7 @@ struct TenantView {
 /// Thread-safe. Reads (Get, List, AuthenticateKey) never wait for disk or device work;
 /// mutations are serialized among themselves and may block on a durable commit and on
 /// context creation, so callers keep them off latency-sensitive threads.
-class TenantTable {
+class TenantTable final : public TenantDirectory::Members {
  public:
   struct Options {
     /// Reservable memory = device capacity × memory_overcommit (> 0).
@@ -58,7 +58,7 @@ class TenantTable {
   /// owned and must outlive the table.
   static absl::StatusOr<std::unique_ptr<TenantTable>> Create(Options options, TenantStore* store,
                                                              Backend* backend);
-  ~TenantTable();
+  ~TenantTable() override;
 
   struct Registered {
     TenantView tenant;
@@ -141,6 +141,16 @@ class TenantTable {
   /// releases contexts) at shutdown. The durable table is untouched; later calls fail with
   /// UNAVAILABLE.
   void ReleaseContexts() ABSL_LOCKS_EXCLUDED(mutation_mu_, mu_);
+
+  // TenantDirectory::Members: a fleet's directory moves tenants between nodes.
+  std::vector<std::string> LocalTenantIds() const override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<TenantRecord> LocalRecord(absl::string_view id) const override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Adopt(TenantRecord record, absl::string_view note,
+                     absl::FunctionRef<absl::Status(const TenantRecord&)> claim) override
+      ABSL_LOCKS_EXCLUDED(mutation_mu_, mu_);
+  void Forget(absl::string_view id, absl::string_view why) override
+      ABSL_LOCKS_EXCLUDED(mutation_mu_, mu_);
 
   /// The message of every refused quota change.
   static absl::Status QuotaImmutableError(absl::string_view id);

@@ -1,5 +1,7 @@
 #include "server/fleet/fleet.h"
 
+#include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -8,6 +10,8 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "spdlog/spdlog.h"
+
+#include "server/common/status_macros.h"
 
 namespace tessera::fleet {
 namespace {
@@ -87,7 +91,8 @@ struct Reader {
 
 }  // namespace
 
-std::string TenantJson(const TenantRecord& r, absl::string_view home) {
+std::string TenantJson(const TenantRecord& r, absl::string_view home,
+                       absl::string_view moved_from) {
   Struct s;
   Set(s, "id", r.id);
   Set(s, "display_name", r.display_name);
@@ -110,6 +115,10 @@ std::string TenantJson(const TenantRecord& r, absl::string_view home) {
   SetTime(s, "key_create_time", r.key_create_time);
   Set(s, "key_hash", HexOf(r.key_hash));
   Set(s, "home_node", std::string(home));
+  if (!moved_from.empty()) {
+    Set(s, "moved_from", std::string(moved_from));
+    SetTime(s, "moved_time", r.update_time);
+  }
   return ToJson(s);
 }
 
@@ -169,6 +178,7 @@ std::string NodeRecordJson(const NodeRecord& node) {
     SetU64(device, "memory_bytes", d.memory_bytes);
     SetU64(device, "free_memory_bytes", d.free_memory_bytes);
     SetNumber(device, "tenants", d.tenants);
+    SetNumber(device, "share_percent", d.share_percent);
     SetNumber(device, "context_limit", d.context_limit);
     *devices->add_values()->mutable_struct_value() = device;
   }
@@ -194,6 +204,7 @@ absl::StatusOr<NodeRecord> NodeRecordFromJson(absl::string_view json) {
                          .memory_bytes = device.U64("memory_bytes"),
                          .free_memory_bytes = device.U64("free_memory_bytes"),
                          .tenants = static_cast<uint32_t>(device.Number("tenants")),
+                         .share_percent = static_cast<uint32_t>(device.Number("share_percent")),
                          .context_limit = static_cast<uint32_t>(device.Number("context_limit"))});
       if (!device.error.ok()) return device.error;
     }
@@ -229,6 +240,14 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Join(
     absl::MutexLock lock(&fleet->mu_);
     if (absl::Status joined = fleet->Register(); !joined.ok()) return joined;
   }
+  // A node that was never in this fleet may bring tenants of its own (a single server's state
+  // directory): Attach publishes them. A node that was may not: those it still has and the
+  // directory lacks were deregistered while it was away.
+  absl::StatusOr<bool> first = fleet->etcd_->CreateIfAbsent(
+      fleet->options_.prefix + "known/" + fleet->options_.node_name,
+      absl::FormatTime(absl::RFC3339_full, absl::Now(), absl::UTCTimeZone()));
+  if (!first.ok()) return first.status();
+  fleet->first_join_ = *first;
   fleet->renewer_ = std::thread([f = fleet.get()] { f->RenewLoop(); });
   spdlog::info("fleet: node {} ({}) joined through etcd {}", fleet->options_.node_name,
                fleet->options_.advertise_address, fleet->etcd());
@@ -240,6 +259,14 @@ Fleet::~Fleet() {
   if (renewer_.joinable()) renewer_.join();
   absl::MutexLock lock(&mu_);
   if (lease_ != 0) {
+    // Stopped on purpose (an upgrade, a reboot): its tenants wait for it rather than move.
+    if (absl::Status away =
+            etcd_->Put(options_.prefix + "away/" + options_.node_name,
+                       absl::FormatTime(absl::RFC3339_full, absl::Now(), absl::UTCTimeZone()));
+        !away.ok()) {
+      spdlog::warn("fleet: marking node {} away: {}", options_.node_name,
+                   std::string(away.message()));
+    }
     if (absl::Status left = etcd_->RevokeLease(lease_); !left.ok()) {
       spdlog::warn("fleet: leaving: {} (the node's entry goes when its lease expires)",
                    std::string(left.message()));
@@ -279,12 +306,189 @@ absl::Status Fleet::Register() {
         absl::FormatDuration(options_.lease_ttl), ") to expire"));
   }
   lease_ = *lease;
+  // Back: no longer away.
+  const std::string away = options_.prefix + "away/" + options_.node_name;
+  if (auto mark = etcd_->Get(away); mark.ok() && mark->has_value()) {
+    (void)etcd_->DeleteIfUnchanged(away, (*mark)->mod_revision);
+  }
+  return absl::OkStatus();
+}
+
+absl::Duration Fleet::Grace() const {
+  return std::clamp(options_.lease_ttl / 4, absl::Seconds(1), absl::Seconds(5));
+}
+
+absl::Status Fleet::Attach(Members* members) {
+  absl::MutexLock lock(&members_mu_);
+  members_ = members;
+  if (members == nullptr) return absl::OkStatus();
+  return ReconcileLocked(/*attaching=*/true);
+}
+
+absl::Status Fleet::ReconcileLocked(bool attaching) {
+  // The local ids are read before the directory: a tenant registered meanwhile is in the
+  // directory before it is local (TenantTable::Register), so none looks deregistered.
+  const std::vector<std::string> local = members_->LocalTenantIds();
+  ASSIGN_OR_RETURN(std::vector<KeyValue> node_keys, etcd_->GetPrefix(options_.prefix + "nodes/"));
+  ASSIGN_OR_RETURN(std::vector<KeyValue> tenant_keys,
+                   etcd_->GetPrefix(options_.prefix + "tenants/"));
+  ASSIGN_OR_RETURN(std::vector<KeyValue> drain_keys, etcd_->GetPrefix(options_.prefix + "drain/"));
+  ASSIGN_OR_RETURN(std::vector<KeyValue> away_keys, etcd_->GetPrefix(options_.prefix + "away/"));
+  const absl::Time now = absl::Now();
+  auto name_after = [](const std::string& key, const std::string& folder) {
+    return key.substr(key.find(folder) + folder.size());
+  };
+  std::vector<NodeRecord> live;
+  for (const KeyValue& kv : node_keys) {
+    if (auto node = NodeRecordFromJson(kv.value); node.ok()) live.push_back(*std::move(node));
+  }
+  auto is_live = [&](const std::string& name) {
+    return std::any_of(live.begin(), live.end(),
+                       [&](const NodeRecord& n) { return n.name == name; });
+  };
+  std::set<std::string> moving, away;
+  for (const KeyValue& kv : drain_keys) {
+    if (kv.value == "move") moving.insert(name_after(kv.key, "drain/"));
+  }
+  for (const KeyValue& kv : away_keys) away.insert(name_after(kv.key, "away/"));
+  struct Listed {
+    TenantRecord record;
+    std::string home;
+    int64_t revision = 0;
+  };
+  std::map<std::string, Listed> tenants;
+  for (const KeyValue& kv : tenant_keys) {
+    Listed t{.revision = kv.mod_revision};
+    absl::StatusOr<TenantRecord> record = TenantFromJson(kv.value, &t.home);
+    if (!record.ok()) {
+      spdlog::warn("fleet: skipping {}: {}", kv.key, std::string(record.status().message()));
+      continue;
+    }
+    t.record = *std::move(record);
+    tenants.emplace(t.record.id, std::move(t));
+  }
+  const std::string& self = options_.node_name;
+  bool changed = false;
+  // 1. This node's tenants that the directory homes elsewhere now, or no longer has.
+  for (const std::string& id : local) {
+    auto it = tenants.find(id);
+    if (it == tenants.end()) {
+      if (attaching && first_join_) {
+        absl::StatusOr<TenantRecord> record = members_->LocalRecord(id);
+        if (!record.ok()) continue;
+        absl::StatusOr<bool> created =
+            etcd_->CreateIfAbsent(TenantKey(id), TenantJson(*record, self));
+        if (!created.ok()) return created.status();
+        if (*created) {
+          spdlog::info("fleet: tenant {} of this node's state published to the fleet", id);
+          continue;
+        }
+        members_->Forget(id, "is registered at another node of the fleet with the same id");
+      } else {
+        members_->Forget(id, "was deregistered from the fleet while this node was away");
+      }
+      changed = true;
+    } else if (it->second.home != self) {
+      members_->Forget(id, absl::StrCat("moved to node ", it->second.home,
+                                        " (its home was lost or drained); connect there"));
+      changed = true;
+    }
+  }
+  // 2. Tenants homed here that are not here (adopted but not stored; a lost state file):
+  // taken on again, empty.
+  const std::set<std::string> here(local.begin(), local.end());
+  for (const auto& [id, t] : tenants) {
+    if (t.home != self || here.contains(id)) continue;
+    absl::Status adopted = members_->Adopt(
+        t.record,
+        "; this node restarted without the tenant's state: its tensors and jobs from before "
+        "are gone",
+        [](const TenantRecord&) { return absl::OkStatus(); });
+    if (adopted.ok()) {
+      changed = true;
+      spdlog::warn("fleet: tenant {} is homed here but was not in the local state; served again",
+                   id);
+    }
+  }
+  // 3. Tenants of nodes lost (gone past the grace, not away on purpose) or drained with --move.
+  for (auto it = gone_since_.begin(); it != gone_since_.end();) {
+    it = is_live(it->first) ? gone_since_.erase(it) : std::next(it);
+  }
+  const bool settled = now - started_ >= Grace();
+  for (const auto& [id, t] : tenants) {
+    if (t.home == self) continue;
+    bool orphan = moving.contains(t.home);
+    if (!orphan && !is_live(t.home)) {
+      const absl::Time gone = gone_since_.try_emplace(t.home, now).first->second;
+      orphan = now - gone >= Grace() && !away.contains(t.home) && settled;
+    }
+    if (!orphan) {
+      orphan_since_.erase(id);
+      continue;
+    }
+    const absl::Time since = orphan_since_.try_emplace(id, now).first->second;
+    std::vector<FleetNode> candidates;
+    for (const NodeRecord& n : live) {
+      if (n.name != t.home) candidates.push_back(n);
+    }
+    const std::optional<size_t> chosen =
+        ChooseNode(candidates, t.record.quota.device_memory_bytes,
+                   t.record.quota.compute_share_percent, options_.placement);
+    // The node placement picks adopts; if it has not after three grace periods (its view of
+    // the capacities differed), any node with room does. The transaction keeps it to one.
+    if (!chosen.has_value() || (candidates[*chosen].name != self && now - since < 3 * Grace())) {
+      continue;
+    }
+    const std::string from = t.home;
+    const int64_t revision = t.revision;
+    const std::string note =
+        absl::StrCat("; tenant \"", id, "\" moved to node ", self, " at ",
+                     absl::FormatTime(absl::RFC3339_sec, now, absl::UTCTimeZone()),
+                     " when its node ", from, moving.contains(from) ? " was drained" : " was lost",
+                     ": its tensors, jobs and defined kernels from before the move are gone");
+    absl::Status adopted =
+        members_->Adopt(t.record, note, [&](const TenantRecord& record) -> absl::Status {
+          ASSIGN_OR_RETURN(bool claimed,
+                           etcd_->ReplaceIfUnchanged(TenantKey(record.id),
+                                                     TenantJson(record, self, from), revision));
+          if (!claimed) {
+            return absl::AbortedError(
+                absl::StrCat("tenant \"", record.id, "\" was taken by another node first"));
+          }
+          return absl::OkStatus();
+        });
+    if (adopted.ok()) {
+      spdlog::warn("fleet: tenant {} moved here from node {} ({})", id, from,
+                   moving.contains(from) ? "drained" : "lost");
+      orphan_since_.erase(id);
+      changed = true;
+      absl::MutexLock lock(&cache_mu_);
+      homes_.erase(id);
+    } else if (!absl::IsAborted(adopted)) {
+      spdlog::warn("fleet: adopting tenant {} from node {}: {}", id, from,
+                   std::string(adopted.message()));
+    }
+  }
+  if (changed) CapacityChanged();
   return absl::OkStatus();
 }
 
 void Fleet::RenewLoop() {
   bool warned = false;
-  while (!stop_.WaitForNotificationWithTimeout(options_.lease_ttl / 3)) {
+  const absl::Duration renew_every = options_.lease_ttl / 3;
+  const absl::Duration scan_every = std::min(renew_every, absl::Seconds(1));
+  absl::Time last_renewal = absl::Now();
+  while (!stop_.WaitForNotificationWithTimeout(scan_every)) {
+    {
+      absl::MutexLock lock(&members_mu_);
+      if (members_ != nullptr) {
+        if (absl::Status reconciled = ReconcileLocked(false); !reconciled.ok() && !warned) {
+          spdlog::warn("fleet: node {}: {}", options_.node_name, std::string(reconciled.message()));
+        }
+      }
+    }
+    if (absl::Now() - last_renewal < renew_every) continue;
+    last_renewal = absl::Now();
     absl::MutexLock lock(&mu_);
     absl::Status status;
     if (lease_ != 0) {
@@ -377,20 +581,48 @@ absl::Status Fleet::Remove(absl::string_view id) {
 
 namespace tessera::fleet {
 
-absl::Status Fleet::SetDraining(absl::string_view name, bool draining) {
+absl::Status Fleet::SetDraining(absl::string_view name, bool draining, bool move) {
   absl::StatusOr<std::optional<KeyValue>> node =
       etcd_->Get(options_.prefix + "nodes/" + std::string(name));
   if (!node.ok()) return node.status();
   if (!node->has_value()) {
-    return absl::NotFoundError(absl::StrCat("no live node named \"", name, "\" in the fleet"));
+    // A node that is stopped may still have tenants to move elsewhere.
+    absl::StatusOr<std::optional<KeyValue>> known =
+        etcd_->Get(options_.prefix + "known/" + std::string(name));
+    if (!known.ok()) return known.status();
+    if (!known->has_value()) {
+      return absl::NotFoundError(absl::StrCat("no node named \"", name, "\" in the fleet"));
+    }
+    if (draining && !move) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node \"", name,
+          "\" is not live, so it takes no new tenants anyway; drain it with --move (move_tenants) "
+          "to move its tenants to other nodes"));
+    }
   }
   const std::string key = options_.prefix + "drain/" + std::string(name);
-  if (draining) return etcd_->Put(key, absl::FormatTime(absl::Now()));
+  if (draining) return etcd_->Put(key, move ? "move" : absl::FormatTime(absl::Now()));
   absl::StatusOr<std::optional<KeyValue>> mark = etcd_->Get(key);
   if (!mark.ok()) return mark.status();
   if (!mark->has_value()) return absl::OkStatus();
   absl::StatusOr<bool> deleted = etcd_->DeleteIfUnchanged(key, (*mark)->mod_revision);
   return deleted.ok() ? absl::OkStatus() : deleted.status();
+}
+
+absl::StatusOr<std::vector<FleetTenant>> Fleet::Tenants() {
+  ASSIGN_OR_RETURN(std::vector<KeyValue> keys, etcd_->GetPrefix(options_.prefix + "tenants/"));
+  std::vector<FleetTenant> tenants;
+  for (const KeyValue& kv : keys) {
+    FleetTenant t;
+    absl::StatusOr<TenantRecord> record = TenantFromJson(kv.value, &t.home_node);
+    if (!record.ok()) {
+      spdlog::warn("fleet: skipping {}: {}", kv.key, std::string(record.status().message()));
+      continue;
+    }
+    t.record = *std::move(record);
+    tenants.push_back(std::move(t));
+  }
+  return tenants;
 }
 
 void Fleet::CapacityChanged() {
@@ -425,6 +657,8 @@ absl::StatusOr<std::optional<TenantHome>> Fleet::FindTenant(absl::string_view id
       }
     }
   }
+  // A home that is not live is not cached: its tenants are about to move.
+  if (home.has_value() && home->address.empty()) return home;
   absl::MutexLock lock(&cache_mu_);
   if (homes_.size() >= 4096) homes_.clear();
   homes_[std::string(id)] = CachedHome{home, now + kHomeCacheTtl};

@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
+#include "server/core/admission.h"
 #include "server/core/tenant_directory.h"
 #include "server/fleet/etcd_client.h"
 
@@ -39,6 +40,8 @@ class Fleet final : public TenantDirectory {
     /// Every key of the fleet starts with this.
     std::string prefix = "/tessera/v1/";
     absl::Duration etcd_timeout = absl::Seconds(3);
+    /// Where a lost or drained node's tenants go (--fleet_placement).
+    Placement placement = Placement::kSpread;
   };
 
   /// Joins: grants the node's lease and creates its entry. FAILED_PRECONDITION when a live
@@ -46,8 +49,18 @@ class Fleet final : public TenantDirectory {
   /// for the node's devices at every renewal (from the renewing thread).
   static absl::StatusOr<std::unique_ptr<Fleet>> Join(
       Options options, std::function<std::vector<DeviceCapacity>()> capacity);
-  /// Leaves: stops renewing and revokes the lease (the entry goes at once).
+  /// Leaves: stops renewing, marks the node away on purpose (`<prefix>away/<name>`: its
+  /// tenants are not moved while it is stopped) and revokes the lease (the entry goes at once).
   ~Fleet() override;
+
+  /// Reconciles `members` at once (TenantDirectory::Attach), then at every scan: forgets
+  /// local tenants homed elsewhere, and adopts the tenants of nodes lost (not live for
+  /// Grace() past their lease, and not away on purpose) or drained with --move, where
+  /// placement picks this node.
+  absl::Status Attach(Members* members) override;
+  /// How long a node must be gone before its tenants move, and how long a node must have been
+  /// joined before it adopts any: a quarter of the lease TTL, 1 s to 5 s.
+  absl::Duration Grace() const;
 
   absl::StatusOr<std::vector<FleetNode>> Nodes() override;
   std::string where() const override { return "etcd " + etcd_->endpoints(); }
@@ -55,8 +68,10 @@ class Fleet final : public TenantDirectory {
   /// tenants, or made-up ones, do not each ask etcd.
   absl::StatusOr<std::optional<TenantHome>> FindTenant(absl::string_view id) override;
   void CapacityChanged() override;
-  /// `<prefix>drain/<name>` while draining; the node reads it at every renewal.
-  absl::Status SetDraining(absl::string_view name, bool draining) override;
+  /// `<prefix>drain/<name>` while draining ("move" when its tenants are to move); the node
+  /// reads it at every renewal.
+  absl::Status SetDraining(absl::string_view name, bool draining, bool move) override;
+  absl::StatusOr<std::vector<FleetTenant>> Tenants() override;
   static constexpr absl::Duration kHomeCacheTtl = absl::Seconds(2);
 
   // TenantDirectory: `<prefix>tenants/<id>`, created only if absent.
@@ -79,8 +94,12 @@ class Fleet final : public TenantDirectory {
   /// taken by a live node.
   absl::Status Register() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Renews the lease every third of its TTL; registers again when it expired (etcd was away
-  /// longer than the TTL), and keeps trying while etcd is unreachable.
+  /// longer than the TTL), and keeps trying while etcd is unreachable. Reconciles the members
+  /// every scan interval (at most 1 s).
   void RenewLoop();
+  /// One pass of Attach's reconciliation; `attaching` for the first (publishes local tenants
+  /// the directory lacks at a node's first join).
+  absl::Status ReconcileLocked(bool attaching) ABSL_EXCLUSIVE_LOCKS_REQUIRED(members_mu_);
 
   const Options options_;
   const std::unique_ptr<EtcdClient> etcd_;
@@ -97,6 +116,15 @@ class Fleet final : public TenantDirectory {
     std::optional<TenantHome> home;
     absl::Time expires;
   };
+  // The node's tenants, and what reconciliation remembers between passes.
+  absl::Mutex members_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  Members* members_ ABSL_GUARDED_BY(members_mu_) = nullptr;
+  // Whether this node joined the fleet for the first time (no `<prefix>known/<name>`).
+  bool first_join_ = false;
+  // When each node not live was first seen gone, and each orphaned tenant first seen.
+  std::map<std::string, absl::Time> gone_since_ ABSL_GUARDED_BY(members_mu_);
+  std::map<std::string, absl::Time> orphan_since_ ABSL_GUARDED_BY(members_mu_);
+
   absl::Mutex cache_mu_;
   std::map<std::string, CachedHome, std::less<>> homes_ ABSL_GUARDED_BY(cache_mu_);
   std::thread renewer_;
@@ -104,7 +132,9 @@ class Fleet final : public TenantDirectory {
 
 /// The JSON a tenant is kept as in etcd, and back. INVALID_ARGUMENT naming the field for a
 /// value that is not one.
-std::string TenantJson(const TenantRecord& record, absl::string_view home);
+/// `moved_from`: the node it was moved from (empty: none), kept for the record.
+std::string TenantJson(const TenantRecord& record, absl::string_view home,
+                       absl::string_view moved_from = "");
 absl::StatusOr<TenantRecord> TenantFromJson(absl::string_view json, std::string* home);
 std::string NodeRecordJson(const NodeRecord& node);
 absl::StatusOr<NodeRecord> NodeRecordFromJson(absl::string_view json);

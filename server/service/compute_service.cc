@@ -201,6 +201,20 @@ absl::StatusOr<LaunchSpec> StepFromProto(
 
 }  // namespace
 
+grpc::ServerUnaryReactor* ComputeService::Forward(grpc::CallbackServerContext* context,
+                                                  const char* rpc,
+                                                  const google::protobuf::MessageLite& request,
+                                                  google::protobuf::MessageLite* response) {
+  if (forwarder_ == nullptr) return nullptr;
+  return forwarder_->ForwardUnary(context, rpc, request, response);
+}
+
+grpc::ServerUnaryReactor* ComputeService::RedirectRegion(grpc::CallbackServerContext* context,
+                                                         const char* rpc) {
+  if (forwarder_ == nullptr) return nullptr;
+  return forwarder_->RedirectRegion(context, rpc);
+}
+
 template <typename Body>
 grpc::ServerUnaryReactor* ComputeService::Serve(grpc::CallbackServerContext* context,
                                                 const char* rpc, Body body) {
@@ -220,6 +234,7 @@ grpc::ServerUnaryReactor* ComputeService::Serve(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* ComputeService::CreateTensor(grpc::CallbackServerContext* context,
                                                        const v1::CreateTensorRequest* request,
                                                        v1::TensorInfo* response) {
+  if (auto* forwarded = Forward(context, "CreateTensor", *request, response)) return forwarded;
   // Inline data is copied on the transfer executor, never on a gRPC thread.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto log = std::make_shared<CallLog>(context, "CreateTensor");
@@ -256,17 +271,24 @@ grpc::ServerUnaryReactor* ComputeService::CreateTensor(grpc::CallbackServerConte
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ComputeService::WriteTensor(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  if (forwarder_ != nullptr) {
+    if (auto* forwarded = forwarder_->ForwardWriteTensor(context, response)) return forwarded;
+  }
   return NewWriteTensorReactor(context, authenticator_, &transfers_, response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ComputeService::ReadTensor(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  if (forwarder_ != nullptr) {
+    if (auto* forwarded = forwarder_->ForwardReadTensor(context, *request)) return forwarded;
+  }
   return NewReadTensorReactor(context, authenticator_, &transfers_, *request, max_message_bytes_);
 }
 
 grpc::ServerUnaryReactor* ComputeService::GetTensor(grpc::CallbackServerContext* context,
                                                     const v1::GetTensorRequest* request,
                                                     v1::TensorInfo* response) {
+  if (auto* forwarded = Forward(context, "GetTensor", *request, response)) return forwarded;
   return Serve(context, "GetTensor", [&](TenantRuntime& runtime) -> absl::Status {
     RETURN_IF_ERROR(CheckReference(request->handle(), "handle", "a tensor handle"));
     ASSIGN_OR_RETURN(TensorInfo info, runtime.GetTensor(request->handle()));
@@ -278,6 +300,7 @@ grpc::ServerUnaryReactor* ComputeService::GetTensor(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* ComputeService::ListTensors(grpc::CallbackServerContext* context,
                                                       const v1::ListTensorsRequest* request,
                                                       v1::ListTensorsResponse* response) {
+  if (auto* forwarded = Forward(context, "ListTensors", *request, response)) return forwarded;
   return Serve(context, "ListTensors", [&](TenantRuntime& runtime) -> absl::Status {
     ASSIGN_OR_RETURN(size_t limit, PageLimit(request->page_size()));
     std::string after;
@@ -301,6 +324,7 @@ grpc::ServerUnaryReactor* ComputeService::ListTensors(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* ComputeService::DeleteTensor(grpc::CallbackServerContext* context,
                                                        const v1::DeleteTensorRequest* request,
                                                        v1::DeleteTensorResponse* response) {
+  if (auto* forwarded = Forward(context, "DeleteTensor", *request, response)) return forwarded;
   return Serve(context, "DeleteTensor", [&](TenantRuntime& runtime) -> absl::Status {
     RETURN_IF_ERROR(CheckReference(request->handle(), "handle", "a tensor handle"));
     ASSIGN_OR_RETURN(uint64_t released, runtime.DeleteTensor(request->handle()));
@@ -368,6 +392,7 @@ grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* ComputeService::Launch(grpc::CallbackServerContext* context,
                                                  const v1::LaunchRequest* request,
                                                  v1::Job* response) {
+  if (auto* forwarded = Forward(context, "Launch", *request, response)) return forwarded;
   absl::StatusOr<LaunchSpec> step = StepFromProto(request->kernel(), nullptr, &request->inputs(),
                                                   request->outputs(), request->attrs(), "", 0);
   std::vector<LaunchSpec> steps;
@@ -380,6 +405,7 @@ grpc::ServerUnaryReactor* ComputeService::Launch(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* ComputeService::Submit(grpc::CallbackServerContext* context,
                                                  const v1::SubmitRequest* request,
                                                  v1::Job* response) {
+  if (auto* forwarded = Forward(context, "Submit", *request, response)) return forwarded;
   std::vector<LaunchSpec> steps;
   absl::Status parsed;
   // Counted before anything is parsed: a huge program costs nothing.
@@ -405,6 +431,7 @@ grpc::ServerUnaryReactor* ComputeService::Submit(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* ComputeService::WaitJob(grpc::CallbackServerContext* context,
                                                   const v1::WaitJobRequest* request,
                                                   v1::Job* response) {
+  if (auto* forwarded = Forward(context, "WaitJob", *request, response)) return forwarded;
   auto* reactor = new WaitReactor(context, "WaitJob");
   std::shared_ptr<TenantRuntime> runtime = Authenticate(*authenticator_, reactor, context);
   if (runtime == nullptr) return reactor;
@@ -437,6 +464,7 @@ grpc::ServerUnaryReactor* ComputeService::WaitJob(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* ComputeService::CancelJob(grpc::CallbackServerContext* context,
                                                     const v1::CancelJobRequest* request,
                                                     v1::Job* response) {
+  if (auto* forwarded = Forward(context, "CancelJob", *request, response)) return forwarded;
   return Serve(context, "CancelJob", [&](TenantRuntime& runtime) -> absl::Status {
     RETURN_IF_ERROR(CheckReference(request->job_id(), "job_id", "a job id"));
     ASSIGN_OR_RETURN(JobInfo job, runtime.CancelJob(request->job_id()));
@@ -448,6 +476,7 @@ grpc::ServerUnaryReactor* ComputeService::CancelJob(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* ComputeService::Synchronize(grpc::CallbackServerContext* context,
                                                       const v1::SynchronizeRequest* request,
                                                       v1::SynchronizeResponse* response) {
+  if (auto* forwarded = Forward(context, "Synchronize", *request, response)) return forwarded;
   auto* reactor = new WaitReactor(context, "Synchronize");
   std::shared_ptr<TenantRuntime> runtime = Authenticate(*authenticator_, reactor, context);
   if (runtime == nullptr) return reactor;
@@ -469,8 +498,9 @@ grpc::ServerUnaryReactor* ComputeService::Synchronize(grpc::CallbackServerContex
 }
 
 grpc::ServerUnaryReactor* ComputeService::ListKernels(grpc::CallbackServerContext* context,
-                                                      const v1::ListKernelsRequest*,
+                                                      const v1::ListKernelsRequest* request,
                                                       v1::ListKernelsResponse* response) {
+  if (auto* forwarded = Forward(context, "ListKernels", *request, response)) return forwarded;
   return Serve(context, "ListKernels", [&](TenantRuntime& runtime) -> absl::Status {
     *response = KernelCatalogProto();
     for (const KernelLibrary::Kernel& k : runtime.kernels().List()) {
@@ -508,6 +538,7 @@ grpc::ServerUnaryReactor* ComputeService::ServeOffThread(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* ComputeService::DefineKernel(grpc::CallbackServerContext* context,
                                                        const v1::DefineKernelRequest* request,
                                                        v1::KernelInfo* response) {
+  if (auto* forwarded = Forward(context, "DefineKernel", *request, response)) return forwarded;
   return ServeOffThread(
       context, "DefineKernel", [this, request, response](TenantRuntime& runtime) -> absl::Status {
         ASSIGN_OR_RETURN(kernels::expr::Definition definition, DefinitionFromProto(*request));
@@ -520,7 +551,8 @@ grpc::ServerUnaryReactor* ComputeService::DefineKernel(grpc::CallbackServerConte
 
 grpc::ServerUnaryReactor* ComputeService::DeleteKernel(grpc::CallbackServerContext* context,
                                                        const v1::DeleteKernelRequest* request,
-                                                       v1::DeleteKernelResponse*) {
+                                                       v1::DeleteKernelResponse* response) {
+  if (auto* forwarded = Forward(context, "DeleteKernel", *request, response)) return forwarded;
   return ServeOffThread(context, "DeleteKernel",
                         [this, request](TenantRuntime& runtime) -> absl::Status {
                           RETURN_IF_ERROR(CheckReference(request->name(), "name", "a kernel name"));
@@ -529,8 +561,9 @@ grpc::ServerUnaryReactor* ComputeService::DeleteKernel(grpc::CallbackServerConte
 }
 
 grpc::ServerUnaryReactor* ComputeService::GetUsage(grpc::CallbackServerContext* context,
-                                                   const v1::GetUsageRequest*,
+                                                   const v1::GetUsageRequest* request,
                                                    v1::Usage* response) {
+  if (auto* forwarded = Forward(context, "GetUsage", *request, response)) return forwarded;
   return Serve(context, "GetUsage", [&](TenantRuntime& runtime) -> absl::Status {
     UsageToProto(runtime.Usage(), response);
     return absl::OkStatus();
@@ -560,6 +593,7 @@ grpc::ServerUnaryReactor* ComputeService::Locate(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* ComputeService::BeginRegion(grpc::CallbackServerContext* context,
                                                       const v1::BeginRegionRequest* request,
                                                       v1::RegionTicket* response) {
+  if (auto* redirected = RedirectRegion(context, "BeginRegion")) return redirected;
   return Serve(context, "BeginRegion", [&](TenantRuntime& runtime) -> absl::Status {
     if (regions_ == nullptr) {
       return absl::FailedPreconditionError(
@@ -579,6 +613,7 @@ grpc::ServerUnaryReactor* ComputeService::BeginRegion(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* ComputeService::FinishRegion(grpc::CallbackServerContext* context,
                                                        const v1::FinishRegionRequest* request,
                                                        v1::Region* response) {
+  if (auto* redirected = RedirectRegion(context, "FinishRegion")) return redirected;
   return Serve(context, "FinishRegion", [&](TenantRuntime& runtime) -> absl::Status {
     if (regions_ == nullptr) {
       return absl::FailedPreconditionError(
@@ -594,6 +629,7 @@ grpc::ServerUnaryReactor* ComputeService::FinishRegion(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ComputeService::ListRegions(grpc::CallbackServerContext* context,
                                                       const v1::ListRegionsRequest*,
                                                       v1::ListRegionsResponse* response) {
+  if (auto* redirected = RedirectRegion(context, "ListRegions")) return redirected;
   return Serve(context, "ListRegions", [&](TenantRuntime& runtime) -> absl::Status {
     for (const RegionInfo& region : runtime.ListRegions()) {
       RegionToProto(region, response->add_regions());
@@ -605,6 +641,7 @@ grpc::ServerUnaryReactor* ComputeService::ListRegions(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* ComputeService::UnregisterRegion(
     grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
     v1::UnregisterRegionResponse* response) {
+  if (auto* redirected = RedirectRegion(context, "UnregisterRegion")) return redirected;
   // Unmapping (and cuMemHostUnregister) may take a while for a large region.
   return ServeOffThread(
       context, "UnregisterRegion", [request, response](TenantRuntime& runtime) -> absl::Status {
@@ -618,6 +655,7 @@ grpc::ServerUnaryReactor* ComputeService::UnregisterRegion(
 grpc::ServerUnaryReactor* ComputeService::WriteTensorFromRegion(
     grpc::CallbackServerContext* context, const v1::WriteTensorFromRegionRequest* request,
     v1::TensorInfo* response) {
+  if (auto* redirected = RedirectRegion(context, "WriteTensorFromRegion")) return redirected;
   return ServeOffThread(
       context, "WriteTensorFromRegion",
       [request, response](TenantRuntime& runtime) -> absl::Status {
@@ -641,6 +679,7 @@ grpc::ServerUnaryReactor* ComputeService::WriteTensorFromRegion(
 grpc::ServerUnaryReactor* ComputeService::ReadTensorIntoRegion(
     grpc::CallbackServerContext* context, const v1::ReadTensorIntoRegionRequest* request,
     v1::ReadTensorIntoRegionResponse* response) {
+  if (auto* redirected = RedirectRegion(context, "ReadTensorIntoRegion")) return redirected;
   return ServeOffThread(
       context, "ReadTensorIntoRegion", [request, response](TenantRuntime& runtime) -> absl::Status {
         RETURN_IF_ERROR(CheckReference(request->handle(), "handle", "a tensor handle"));

@@ -3,12 +3,14 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "server/common/fair_executor.h"
 #include "server/core/validation.h"
 #include "server/service/auth.h"
+#include "server/service/forward.h"
 #include "tessera/v1/compute.grpc.pb.h"
 
 namespace tessera {
@@ -25,6 +27,9 @@ class TenantTable;
 /// and written by hand, each byte copied once between gRPC's slices and the tensor
 /// (transfer_reactors.h).
 ///
+/// In a fleet, a tenant's calls that reach this node while it lives on another are relayed
+/// to its home (Forwarder, forward.h), except Locate and the region RPCs.
+///
 /// `authenticator` is borrowed and must outlive the service.
 class ComputeService final
     : public v1::Compute::WithRawCallbackMethod_WriteTensor<
@@ -32,15 +37,20 @@ class ComputeService final
  public:
   /// `tenants` (DefineKernel, DeleteKernel) is not owned and must outlive the service.
   /// `regions` (nullptr: no descriptor socket, BeginRegion is FAILED_PRECONDITION) is not
-  /// owned and must outlive the service; `region_socket` is its path.
+  /// owned and must outlive the service; `region_socket` is its path. `forwarding`: in a
+  /// fleet (a node name), calls for tenants homed elsewhere are forwarded or redirected.
   ComputeService(const Authenticator* authenticator, TenantTable* tenants,
                  int64_t max_message_bytes, RegionTickets* regions = nullptr,
-                 std::string region_socket = "")
+                 std::string region_socket = "", ForwardOptions forwarding = {})
       : authenticator_(authenticator),
         tenants_(tenants),
         max_message_bytes_(max_message_bytes),
         regions_(regions),
         region_socket_(std::move(region_socket)),
+        forwarder_(
+            forwarding.node_name.empty()
+                ? nullptr
+                : std::make_unique<Forwarder>(authenticator, tenants, std::move(forwarding))),
         transfers_("tensor transfers", kMaxPendingTransfers, kMaxPendingTransfersPerTenant,
                    kTransferThreads) {}
 
@@ -111,6 +121,14 @@ class ComputeService final
       v1::ReadTensorIntoRegionResponse* response) override;
 
  private:
+  /// The reactor relaying this call to the tenant's home (Forwarder::ForwardUnary); nullptr
+  /// when it is this node's to answer, and always on a single server.
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context, const char* rpc,
+                                    const google::protobuf::MessageLite& request,
+                                    google::protobuf::MessageLite* response);
+  /// The redirect of a region RPC for a tenant homed elsewhere (Forwarder::RedirectRegion);
+  /// nullptr otherwise.
+  grpc::ServerUnaryReactor* RedirectRegion(grpc::CallbackServerContext* context, const char* rpc);
   /// Authenticates, runs `body(runtime, log)` inline, finishes with its status.
   template <typename Body>
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, const char* rpc, Body body);
@@ -140,6 +158,7 @@ class ComputeService final
   const int64_t max_message_bytes_;
   RegionTickets* const regions_;
   const std::string region_socket_;
+  const std::unique_ptr<Forwarder> forwarder_;  // null on a single server
   FairExecutor transfers_;
 };
 

@@ -1,5 +1,6 @@
 #include "server/service/tenant_admin_service.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -143,8 +144,11 @@ absl::StatusOr<std::optional<FleetNode>> TenantAdminService::PlaceInFleet(
   // registered (docs/fleet.md).
   if (facts_.transport_security != "insecure") return std::optional<FleetNode>();
   ASSIGN_OR_RETURN(std::vector<FleetNode> nodes, facts_.directory->Nodes());
+  const uint32_t share = request.quota().compute_share_percent() != 0
+                             ? request.quota().compute_share_percent()
+                             : kDefaultComputeSharePercent;
   const std::optional<size_t> chosen =
-      ChooseNode(nodes, request.quota().device_memory_bytes(), facts_.placement);
+      ChooseNode(nodes, request.quota().device_memory_bytes(), share, facts_.placement);
   if (!chosen.has_value()) {
     // No node fits: local admission answers, with this node's numbers, unless this node
     // drains.
@@ -199,7 +203,8 @@ grpc::ServerUnaryReactor* TenantAdminService::GetTenant(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* TenantAdminService::ListTenants(grpc::CallbackServerContext* context,
                                                           const v1::ListTenantsRequest* request,
                                                           v1::ListTenantsResponse* response) {
-  return Serve(context, "ListTenants", /*mutation=*/false,
+  // In a fleet the list comes from the directory (etcd): off the gRPC threads.
+  return Serve(context, "ListTenants", /*mutation=*/facts_.directory != nullptr,
                [this, request, response](CallLog&) -> absl::Status {
                  ASSIGN_OR_RETURN(size_t limit, PageLimit(request->page_size()));
                  std::string after;
@@ -213,6 +218,15 @@ grpc::ServerUnaryReactor* TenantAdminService::ListTenants(grpc::CallbackServerCo
                          "ListTenants reply");
                    }
                  }
+                 if (facts_.directory != nullptr) {
+                   absl::Status listed = ListFleetTenants(after, limit, *response);
+                   if (!listed.ok()) {
+                     spdlog::warn("ListTenants: the fleet's directory: {}; listing this node's",
+                                  std::string(listed.message()));
+                   } else {
+                     return absl::OkStatus();
+                   }
+                 }
                  TenantTable::Page page = tenants_->List(after, limit);
                  for (const TenantView& view : page.tenants)
                    TenantToProto(view, response->add_tenants());
@@ -221,6 +235,35 @@ grpc::ServerUnaryReactor* TenantAdminService::ListTenants(grpc::CallbackServerCo
                  response->set_total_size(static_cast<int32_t>(page.total));
                  return absl::OkStatus();
                });
+}
+
+absl::Status TenantAdminService::ListFleetTenants(absl::string_view after, size_t limit,
+                                                  v1::ListTenantsResponse& response) {
+  ASSIGN_OR_RETURN(std::vector<FleetTenant> all, facts_.directory->Tenants());
+  std::sort(all.begin(), all.end(),
+            [](const FleetTenant& a, const FleetTenant& b) { return a.record.id < b.record.id; });
+  auto it =
+      std::upper_bound(all.begin(), all.end(), after,
+                       [](absl::string_view id, const FleetTenant& t) { return id < t.record.id; });
+  for (; it != all.end() && static_cast<size_t>(response.tenants_size()) < limit; ++it) {
+    v1::Tenant* tenant = response.add_tenants();
+    absl::StatusOr<TenantView> local = tenants_->Get(it->record.id);
+    if (local.ok() && it->home_node == facts_.directory->node_name()) {
+      TenantToProto(*local, tenant);
+    } else {
+      TenantView remote;
+      remote.record = it->record;
+      remote.home_node = it->home_node;
+      TenantToProto(remote, tenant);
+      tenant->clear_context();  // known to its home only
+    }
+  }
+  if (it != all.end() && response.tenants_size() > 0) {
+    response.set_next_page_token(
+        EncodePageToken(kTenantPages, response.tenants(response.tenants_size() - 1).tenant_id()));
+  }
+  response.set_total_size(static_cast<int32_t>(all.size()));
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* TenantAdminService::UpdateTenant(grpc::CallbackServerContext* context,
@@ -345,20 +388,23 @@ grpc::ServerUnaryReactor* TenantAdminService::ListNodes(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* TenantAdminService::DrainNode(grpc::CallbackServerContext* context,
                                                         const v1::DrainNodeRequest* request,
                                                         v1::DrainNodeResponse*) {
-  return Serve(context, "DrainNode", /*mutation=*/true,
-               [this, request](CallLog& log) -> absl::Status {
-                 if (facts_.directory == nullptr) {
-                   return absl::FailedPreconditionError(
-                       "this server is not in a fleet (start it with --fleet_etcd)");
-                 }
-                 if (request->name().empty()) {
-                   return absl::InvalidArgumentError("name: the node's --node_name is required");
-                 }
-                 RETURN_IF_ERROR(facts_.directory->SetDraining(request->name(), !request->undo()));
-                 log.Info(absl::StrCat("node ", request->name(),
-                                       request->undo() ? " takes new tenants again" : " drains"));
-                 return absl::OkStatus();
-               });
+  return Serve(
+      context, "DrainNode", /*mutation=*/true, [this, request](CallLog& log) -> absl::Status {
+        if (facts_.directory == nullptr) {
+          return absl::FailedPreconditionError(
+              "this server is not in a fleet (start it with --fleet_etcd)");
+        }
+        if (request->name().empty()) {
+          return absl::InvalidArgumentError("name: the node's --node_name is required");
+        }
+        const bool move = request->move_tenants() && !request->undo();
+        RETURN_IF_ERROR(facts_.directory->SetDraining(request->name(), !request->undo(), move));
+        log.Info(absl::StrCat("node ", request->name(),
+                              request->undo() ? " takes new tenants again"
+                              : move          ? " drains; its tenants move"
+                                              : " drains"));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* TenantAdminService::GetMpsStatus(grpc::CallbackServerContext* context,

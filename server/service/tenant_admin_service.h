@@ -98,6 +98,11 @@ class TenantAdminService final : public v1::TenantAdmin::CallbackService {
   TenantTable* const tenants_;
   const Backend* const backend_;
   const Authenticator* const authenticator_;
+  /// ListTenants in a fleet: a page of every tenant the directory has (the context only for
+  /// this node's). UNAVAILABLE when the directory cannot be reached (nothing added then).
+  absl::Status ListFleetTenants(absl::string_view after, size_t limit,
+                                v1::ListTenantsResponse& response);
+
   SerialExecutor* const mutations_;
   const ServerFacts facts_;
   /// Managed MPS daemons follow the tenants per device after each registration change.

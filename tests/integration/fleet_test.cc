@@ -38,20 +38,61 @@ class FleetTest : public ::testing::Test {
     etcd_client_ = *std::move(client);
   }
 
-  /// A node of the fleet named `name`, on a port of its own that it advertises.
+  /// A node of the fleet named `name`, on a port of its own that it advertises; its state
+  /// in `state_dir` (default: a new directory).
   absl::StatusOr<std::unique_ptr<ServerProcess>> StartNode(const std::string& name,
-                                                           std::vector<std::string> extra = {}) {
+                                                           std::vector<std::string> extra = {},
+                                                           std::string state_dir = "") {
     const int port = testing::UnusedLoopbackPort();
-    std::vector<std::string> args = {
-        absl::StrCat("--listen=127.0.0.1:", port), absl::StrCat("--fleet_etcd=", etcd_->endpoint()),
-        absl::StrCat("--node_name=", name), "--fleet_lease_ttl=2s", "--log_level=warn"};
+    std::vector<std::string> args = {absl::StrCat("--listen=127.0.0.1:", port), "--log_level=warn"};
+    if (!name.empty()) {
+      args.push_back(absl::StrCat("--fleet_etcd=", etcd_->endpoint()));
+      args.push_back(absl::StrCat("--node_name=", name));
+      args.push_back(absl::StrCat("--fleet_lease_ttl=", kLeaseTtlSeconds, "s"));
+    }
     args.insert(args.end(), extra.begin(), extra.end());
+    if (state_dir.empty()) state_dir = dir_.File(absl::StrCat("node-", name, "-", ++starts_));
     // The fleet's nodes share one admin token: a registration may be forwarded to the node
     // placement chooses, with the caller's credentials.
-    return ServerProcess::Start(
-        testing::OnTestBackend({.state_dir = dir_.File(absl::StrCat("node-", name, "-", ++starts_)),
-                                .args = args,
-                                .env = {{"TESSERA_ADMIN_TOKEN", kAdminToken}}}));
+    return ServerProcess::Start(testing::OnTestBackend(
+        {.state_dir = state_dir, .args = args, .env = {{"TESSERA_ADMIN_TOKEN", kAdminToken}}}));
+  }
+
+  static constexpr int kLeaseTtlSeconds = 2;
+
+  /// Tenant `id`'s home node in etcd ("" when absent).
+  std::string HomeInEtcd(const std::string& id) {
+    auto stored = etcd_client_->Get(absl::StrCat("/tessera/v1/tenants/", id));
+    if (!stored.ok() || !stored->has_value()) return "";
+    std::string home;
+    return fleet::TenantFromJson((*stored)->value, &home).ok() ? home : "";
+  }
+
+  /// Waits until tenant `id` is homed somewhere other than `from` in etcd, for at most
+  /// `limit`: the new home, or "" when it did not move in time.
+  std::string WaitForMove(const std::string& id, const std::string& from, absl::Duration limit) {
+    const absl::Time deadline = absl::Now() + limit;
+    for (;;) {
+      const std::string home = HomeInEtcd(id);
+      if (!home.empty() && home != from) return home;
+      if (absl::Now() > deadline) return "";
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+
+  /// A tenant client through `node` (following the tenant's home).
+  static std::unique_ptr<Client> Tenant(const ServerProcess& node, const std::string& key) {
+    auto client =
+        Client::Connect({.address = node.address(), .token = key, .timeout = absl::Seconds(20)});
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  static v1::TensorSpec Spec() {
+    v1::TensorSpec spec;
+    spec.set_dtype(v1::DTYPE_F32);
+    spec.add_shape(8);
+    return spec;
   }
 
   static constexpr char kAdminToken[] = "fleet-test-admin-token-shared-by-every-node-0123";
@@ -203,8 +244,8 @@ TEST_F(FleetTest, AnIdRegisteredThroughTwoNodesAtOnceIsRegisteredExactlyOnce) {
 }
 
 // A tenant's key used at another node: the C++ client follows the redirect to the tenant's
-// home at connect time and works there; a client that does not follow is told the home in
-// the status and in trailing metadata; a wrong key is refused as any bad key is.
+// home at connect time and works there; a client that says it follows but has not is told
+// the home in the status and in trailing metadata; a wrong key is refused as any bad key is.
 TEST_F(FleetTest, ATenantsCallsAtAnotherNodeAreSentToItsHome) {
   auto a = StartNode("a");
   ASSERT_TRUE(a.ok()) << a.status();
@@ -233,6 +274,8 @@ TEST_F(FleetTest, ATenantsCallsAtAnotherNodeAreSentToItsHome) {
   ASSERT_TRUE(stays.ok()) << stays.status();
   auto stub = v1::Compute::NewStub((*stays)->channel());
   auto context = (*stays)->NewContext();
+  // A client that says it follows is redirected rather than forwarded (docs/api.md).
+  context->AddMetadata("tessera-follow-home", "1");
   v1::Usage usage;
   grpc::Status redirected = stub->GetUsage(context.get(), v1::GetUsageRequest(), &usage);
   EXPECT_EQ(redirected.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
@@ -331,6 +374,186 @@ TEST_F(FleetTest, WithoutEtcdTheDataPlaneServesAndRegistrationWaitsForEtcd) {
   const absl::Time back = absl::Now() + absl::Seconds(10);
   while (NodesInEtcd().empty() && absl::Now() < back) absl::SleepFor(absl::Milliseconds(200));
   EXPECT_THAT(NodesInEtcd(), ::testing::ElementsAre("a"));
+}
+
+// kill -9 of a node: once its lease has expired (plus a grace), its tenants are homed on the
+// other nodes with their ids, quotas and keys; their old tensors answer NOT_FOUND saying why;
+// the node, restarted on its old state, does not serve them (it forgets them and sends their
+// calls to the new home).
+TEST_F(FleetTest, ALostNodesTenantsMoveWithTheirKeysAndItDoesNotServeThemWhenBack) {
+  auto a = StartNode("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::string b_state = dir_.File("node-b-kept");
+  auto b = StartNode("b", {}, b_state);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto c = StartNode("c");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto admin = Admin(**a);
+  ASSERT_NE(admin, nullptr);
+  struct Placed {
+    std::string id, key, home, handle;
+    v1::Quota quota;
+  };
+  std::vector<Placed> placed;
+  for (int i = 0; i < 6; ++i) {
+    v1::RegisterTenantRequest request = Registration(absl::StrCat("lost-", i));
+    request.mutable_quota()->set_compute_share_percent(30);
+    request.mutable_quota()->set_max_streams(2);
+    auto registered = admin->RegisterTenant(request);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    Placed p{request.tenant_id(), registered->api_key(), registered->tenant().home_node(), "",
+             registered->tenant().quota()};
+    auto tenant = Tenant(**a, p.key);
+    ASSERT_NE(tenant, nullptr);
+    auto uploaded = tenant->Upload(Spec(), std::string(32, '\3'));
+    ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+    p.handle = uploaded->handle();
+    placed.push_back(std::move(p));
+  }
+  int on_b = 0;
+  for (const Placed& p : placed) on_b += p.home == "b" ? 1 : 0;
+  ASSERT_GE(on_b, 1) << "placement put nothing on b";
+
+  ASSERT_TRUE((*b)->Stop(SIGKILL).ok());
+  const absl::Time killed = absl::Now();
+  for (const Placed& p : placed) {
+    if (p.home != "b") continue;
+    SCOPED_TRACE(p.id);
+    // The lease TTL plus 5 s.
+    const std::string home =
+        WaitForMove(p.id, "b", absl::Seconds(kLeaseTtlSeconds + 5) - (absl::Now() - killed));
+    ASSERT_TRUE(home == "a" || home == "c") << "not moved in time: " << HomeInEtcd(p.id);
+    // Its old key works through any node, and its quotas are the registered ones.
+    auto tenant = Tenant(**a, p.key);
+    ASSERT_NE(tenant, nullptr);
+    EXPECT_EQ(tenant->address(), home == "a" ? (*a)->address() : (*c)->address());
+    auto usage = tenant->GetUsage();
+    ASSERT_TRUE(usage.ok()) << usage.status();
+    auto got = Admin(home == "a" ? **a : **c)->GetTenant(p.id);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->quota().compute_share_percent(), 30);
+    EXPECT_EQ(got->quota().max_streams(), 2);
+    EXPECT_EQ(got->quota().device_memory_bytes(), p.quota.device_memory_bytes());
+    EXPECT_EQ(got->home_node(), home);
+    // Its tensors from before are gone, and the answer says why.
+    auto old = tenant->Download(p.handle);
+    EXPECT_EQ(old.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_THAT(old.status().message(), HasSubstr("moved to node " + home));
+    EXPECT_THAT(old.status().message(), HasSubstr("when its node b was lost"));
+    auto fresh = tenant->Upload(Spec(), std::string(32, '\4'));
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+  }
+  // Every tenant is listed once, from any node, with its home; none on b.
+  auto listed = Admin(**c)->ListTenants();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->total_size(), 6);
+  for (const v1::Tenant& t : listed->tenants()) EXPECT_NE(t.home_node(), "b") << t.tenant_id();
+
+  // b comes back on its old state: it forgets the tenants that moved and sends their calls on.
+  auto back = StartNode("b", {}, b_state);
+  ASSERT_TRUE(back.ok()) << back.status();
+  auto admin_b = Admin(**back);
+  ASSERT_NE(admin_b, nullptr);
+  for (const Placed& p : placed) {
+    if (p.home != "b") continue;
+    SCOPED_TRACE(p.id);
+    EXPECT_EQ(admin_b->GetTenant(p.id).status().code(), absl::StatusCode::kNotFound);
+    auto stays = Client::Connect({.address = (*back)->address(),
+                                  .token = p.key,
+                                  .timeout = absl::Seconds(20),
+                                  .follow_home = false});
+    ASSERT_TRUE(stays.ok()) << stays.status();
+    auto stub = v1::Compute::NewStub((*stays)->channel());
+    auto context = (*stays)->NewContext();
+    context->AddMetadata("tessera-follow-home", "1");
+    v1::Usage usage;
+    grpc::Status redirected = stub->GetUsage(context.get(), v1::GetUsageRequest(), &usage);
+    EXPECT_EQ(redirected.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+        << redirected.error_message();
+    EXPECT_THAT(redirected.error_message(), HasSubstr("lives on node " + HomeInEtcd(p.id)));
+  }
+}
+
+// A node stopped on purpose keeps its tenants while it is away (they are not moved); draining
+// it with --move moves them; a live node drained with --move gives its tenants up at once.
+TEST_F(FleetTest, DrainingWithMoveMovesTenantsAndAStoppedNodesTenantsWaitForIt) {
+  auto a = StartNode("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = StartNode("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto admin_b = Admin(**b);
+  ASSERT_NE(admin_b, nullptr);
+  auto registered = Admin(**a)->RegisterTenant(Registration("mover"));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  const std::string key = registered->api_key();
+  const std::string first = registered->tenant().home_node();
+  ServerProcess& home = first == "a" ? **a : **b;
+  ServerProcess& other = first == "a" ? **b : **a;
+  const std::string second = first == "a" ? "b" : "a";
+  auto tenant = Tenant(other, key);
+  ASSERT_NE(tenant, nullptr);
+  auto uploaded = tenant->Upload(Spec(), std::string(32, '\5'));
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+
+  // Live, drained with --move (the CLI): the tenant moves to the other node within seconds.
+  auto drained =
+      testing::RunCommand({testing::CliBinary(), "node", "drain", first, "--move"},
+                          {{"TESSERA_ADDR", other.address()}, {"TESSERA_TOKEN", kAdminToken}});
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->exit_code, 0) << drained->output;
+  EXPECT_EQ(WaitForMove("mover", first, absl::Seconds(10)), second);
+  // The drained node forgets it at its next scan (within a second).
+  const absl::Time forgotten_by = absl::Now() + absl::Seconds(5);
+  while (Admin(home)->GetTenant("mover").ok() && absl::Now() < forgotten_by) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(Admin(home)->GetTenant("mover").status().code(), absl::StatusCode::kNotFound);
+  auto moved = Tenant(home, key);
+  ASSERT_NE(moved, nullptr);
+  EXPECT_EQ(moved->address(), other.address());
+  auto old = moved->Download(uploaded->handle());
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(old.status().message(), HasSubstr("was drained"));
+  ASSERT_TRUE(Admin(other)->DrainNode(first, /*undo=*/true).ok());
+
+  // Stopped on purpose: its tenant waits for it, well past the lease and the grace.
+  ASSERT_TRUE(other.Stop(SIGTERM).ok());
+  absl::SleepFor(absl::Seconds(kLeaseTtlSeconds + 3));
+  EXPECT_EQ(HomeInEtcd("mover"), second);
+  // Drained with --move while stopped: it moves to the live node.
+  auto admin_home = Admin(home);
+  ASSERT_NE(admin_home, nullptr);
+  EXPECT_EQ(admin_home->DrainNode(second).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(admin_home->DrainNode(second, false, /*move_tenants=*/true).ok());
+  EXPECT_EQ(WaitForMove("mover", second, absl::Seconds(10)), first);
+  auto back_home = Tenant(home, key);
+  ASSERT_NE(back_home, nullptr);
+  auto usage = back_home->GetUsage();
+  EXPECT_TRUE(usage.ok()) << usage.status();
+}
+
+// A single server's tenants join the fleet with it: the first time the server starts as a
+// node, its stored tenants are published in etcd, homed there, and reachable through others.
+TEST_F(FleetTest, ASingleServersTenantsJoinTheFleetWithIt) {
+  const std::string state = dir_.File("single");
+  std::string key;
+  {
+    auto single = StartNode("", {}, state);
+    ASSERT_TRUE(single.ok()) << single.status();
+    auto registered = Admin(**single)->RegisterTenant(Registration("old-timer"));
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    key = registered->api_key();
+    ASSERT_TRUE((*single)->Stop(SIGTERM).ok());
+  }
+  auto a = StartNode("a", {}, state);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(HomeInEtcd("old-timer"), "a");
+  auto b = StartNode("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto tenant = Tenant(**b, key);
+  ASSERT_NE(tenant, nullptr);
+  EXPECT_EQ(tenant->address(), (*a)->address());
+  EXPECT_TRUE(tenant->GetUsage().ok());
 }
 
 }  // namespace

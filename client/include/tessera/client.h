@@ -48,7 +48,10 @@ struct ClientOptions {
   /// another node, the server answers with that node's address and the client connects
   /// there instead, so every later call, data-heavy ones included, takes no extra hop.
   /// Any other answer (a single server, the tenant at home, the server down) leaves the
-  /// client as it was. false: connect to `address` as given.
+  /// client as it was. Every call then carries `tessera-follow-home: 1`, so a node that is
+  /// not the tenant's home (the tenant moved) answers the redirect rather than forwarding.
+  /// false: connect to `address` as given and send no such metadata: a node forwards the
+  /// tenant's calls to its home (docs/api.md, "Forwarding and redirects").
   bool follow_home = true;
 };
 
@@ -118,8 +121,9 @@ class Client {
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
   /// The nodes of the server's fleet (FAILED_PRECONDITION on a single server).
   absl::StatusOr<v1::ListNodesResponse> ListNodes();
-  /// Marks a node of the fleet draining (or not, with `undo`).
-  absl::Status DrainNode(const std::string& name, bool undo = false);
+  /// Marks a node of the fleet draining (or not, with `undo`); `move_tenants` also moves its
+  /// tenants to other nodes (DrainNodeRequest.move_tenants).
+  absl::Status DrainNode(const std::string& name, bool undo = false, bool move_tenants = false);
   absl::StatusOr<v1::MpsStatus> GetMpsStatus();
   absl::StatusOr<v1::TerminateTenantWorkResponse> TerminateTenantWork(absl::string_view tenant_id);
 

@@ -499,8 +499,9 @@ class Client(_Base):
     streams instead, as over TCP. See docs/python.md, "The Unix socket and regions".
 
     In a fleet of servers (docs/fleet.md) the client connects to the node its tenant lives
-    on when ``addr`` names another node (one question at connect time); ``follow_home=False``
-    keeps ``addr`` as given.
+    on when ``addr`` names another node (one question at connect time), and its calls carry
+    ``tessera-follow-home: 1``; ``follow_home=False`` keeps ``addr`` as given and sends no
+    such metadata, so that node forwards the calls to the tenant's home.
 
     >>> with tessera.Client("127.0.0.1:50051", token=key) as client:
     ...     t = client.put(np.zeros((4, 4), np.float16))
@@ -517,6 +518,11 @@ class Client(_Base):
         self._stub = compute_pb2_grpc.ComputeStub(self._channel)
         if follow_home:
             self._follow_home()
+            if self._token.startswith("tsk_"):
+                # Every call says this client follows redirects: a node that is not the
+                # tenant's home answers the redirect rather than forwarding the call
+                # (docs/api.md, "Forwarding and redirects").
+                self._metadata += (("tessera-follow-home", "1"),)
         self._regions = self._start_regions(regions)
         # ReadTensor with the response bytes as they arrive: _read finds each chunk's data in
         # them and copies it once, into the array (protobuf's parse would copy it twice more).

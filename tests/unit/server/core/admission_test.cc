@@ -118,22 +118,34 @@ FleetNode Node(const std::string& name, std::vector<uint64_t> free, bool drainin
 
 TEST(ChooseNodeTest, SpreadTakesTheMostFreePackTheLeastThatFits) {
   const std::vector<FleetNode> nodes = {Node("a", {30}), Node("b", {80, 10}), Node("c", {50})};
-  EXPECT_EQ(ChooseNode(nodes, 20, Placement::kSpread), 1u);
-  EXPECT_EQ(ChooseNode(nodes, 20, Placement::kPack), 0u);
-  EXPECT_EQ(ChooseNode(nodes, 40, Placement::kPack), 2u);
-  EXPECT_EQ(ChooseNode(nodes, 81, Placement::kSpread), std::nullopt);
+  EXPECT_EQ(ChooseNode(nodes, 20, 0, Placement::kSpread), 1u);
+  EXPECT_EQ(ChooseNode(nodes, 20, 0, Placement::kPack), 0u);
+  EXPECT_EQ(ChooseNode(nodes, 40, 0, Placement::kPack), 2u);
+  EXPECT_EQ(ChooseNode(nodes, 81, 0, Placement::kSpread), std::nullopt);
   // Ties go to the first node.
-  EXPECT_EQ(ChooseNode({Node("a", {50}), Node("b", {50})}, 10, Placement::kSpread), 0u);
+  EXPECT_EQ(ChooseNode({Node("a", {50}), Node("b", {50})}, 10, 0, Placement::kSpread), 0u);
 }
 
 TEST(ChooseNodeTest, DrainingNodesAndFullMpsClientLimitsTakeNoTenant) {
   EXPECT_EQ(
-      ChooseNode({Node("a", {90}, /*draining=*/true), Node("b", {20})}, 10, Placement::kSpread),
+      ChooseNode({Node("a", {90}, /*draining=*/true), Node("b", {20})}, 10, 0, Placement::kSpread),
       1u);
   EXPECT_EQ(ChooseNode({Node("a", {90}, false, /*tenants=*/48, /*limit=*/48), Node("b", {20})}, 10,
-                       Placement::kSpread),
+                       0, Placement::kSpread),
             1u);
-  EXPECT_EQ(ChooseNode({Node("a", {90}, true)}, 10, Placement::kPack), std::nullopt);
+  EXPECT_EQ(ChooseNode({Node("a", {90}, true)}, 10, 0, Placement::kPack), std::nullopt);
+}
+
+// Compute shares: a device whose tenants' shares leave room for the new one comes first, even
+// with less free memory; only memory counts when no device has room for the share.
+TEST(ChooseNodeTest, ADeviceWithRoomForTheComputeShareComesFirst) {
+  std::vector<FleetNode> nodes = {Node("a", {90}), Node("b", {40})};
+  nodes[0].devices[0].share_percent = 80;
+  nodes[1].devices[0].share_percent = 50;
+  EXPECT_EQ(ChooseNode(nodes, 10, 25, Placement::kSpread), 1u);
+  EXPECT_EQ(ChooseNode(nodes, 10, 20, Placement::kSpread), 0u);
+  EXPECT_EQ(ChooseNode(nodes, 10, 60, Placement::kSpread), 0u);  // none has room: memory decides
+  EXPECT_EQ(ChooseNode(nodes, 50, 25, Placement::kSpread), 0u);  // b's memory does not fit
 }
 
 }  // namespace
