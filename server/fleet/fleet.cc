@@ -329,12 +329,26 @@ absl::Status Fleet::ReconcileLocked(bool attaching) {
   // The local ids are read before the directory: a tenant registered meanwhile is in the
   // directory before it is local (TenantTable::Register), so none looks deregistered.
   const std::vector<std::string> local = members_->LocalTenantIds();
-  ASSIGN_OR_RETURN(std::vector<KeyValue> node_keys, etcd_->GetPrefix(options_.prefix + "nodes/"));
-  ASSIGN_OR_RETURN(std::vector<KeyValue> tenant_keys,
-                   etcd_->GetPrefix(options_.prefix + "tenants/"));
-  ASSIGN_OR_RETURN(std::vector<KeyValue> drain_keys, etcd_->GetPrefix(options_.prefix + "drain/"));
-  ASSIGN_OR_RETURN(std::vector<KeyValue> away_keys, etcd_->GetPrefix(options_.prefix + "away/"));
+  std::vector<KeyValue> node_keys, tenant_keys, drain_keys, away_keys;
+  absl::Status read = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(node_keys, etcd_->GetPrefix(options_.prefix + "nodes/"));
+    ASSIGN_OR_RETURN(tenant_keys, etcd_->GetPrefix(options_.prefix + "tenants/"));
+    ASSIGN_OR_RETURN(drain_keys, etcd_->GetPrefix(options_.prefix + "drain/"));
+    ASSIGN_OR_RETURN(away_keys, etcd_->GetPrefix(options_.prefix + "away/"));
+    return absl::OkStatus();
+  }();
   const absl::Time now = absl::Now();
+  if (!read.ok()) {
+    etcd_lost_ = true;
+    return read;
+  }
+  if (etcd_lost_) {
+    // Back after an outage, during which every node's lease may have expired: nodes get a
+    // grace from now to join again before any of their tenants moves.
+    etcd_lost_ = false;
+    settled_since_ = now;
+    gone_since_.clear();
+  }
   auto name_after = [](const std::string& key, const std::string& folder) {
     return key.substr(key.find(folder) + folder.size());
   };
@@ -414,7 +428,7 @@ absl::Status Fleet::ReconcileLocked(bool attaching) {
   for (auto it = gone_since_.begin(); it != gone_since_.end();) {
     it = is_live(it->first) ? gone_since_.erase(it) : std::next(it);
   }
-  const bool settled = now - started_ >= Grace();
+  const bool settled = now - std::max(started_, settled_since_) >= Grace();
   for (const auto& [id, t] : tenants) {
     if (t.home == self) continue;
     bool orphan = moving.contains(t.home);
@@ -487,7 +501,9 @@ void Fleet::RenewLoop() {
         }
       }
     }
-    if (absl::Now() - last_renewal < renew_every) continue;
+    // While etcd is away, renewal is retried at every scan, so that the node joins again
+    // within a scan of etcd's return, before the others' grace runs out.
+    if (!warned && absl::Now() - last_renewal < renew_every) continue;
     last_renewal = absl::Now();
     absl::MutexLock lock(&mu_);
     absl::Status status;

@@ -59,7 +59,8 @@ class Fleet final : public TenantDirectory {
   /// placement picks this node.
   absl::Status Attach(Members* members) override;
   /// How long a node must be gone before its tenants move, and how long a node must have been
-  /// joined before it adopts any: a quarter of the lease TTL, 1 s to 5 s.
+  /// joined (or have reached etcd again after an outage) before it adopts any: a quarter of
+  /// the lease TTL, 1 s to 5 s.
   absl::Duration Grace() const;
 
   absl::StatusOr<std::vector<FleetNode>> Nodes() override;
@@ -124,6 +125,9 @@ class Fleet final : public TenantDirectory {
   // When each node not live was first seen gone, and each orphaned tenant first seen.
   std::map<std::string, absl::Time> gone_since_ ABSL_GUARDED_BY(members_mu_);
   std::map<std::string, absl::Time> orphan_since_ ABSL_GUARDED_BY(members_mu_);
+  // Whether the last reconciliation could not read etcd, and when it could again.
+  bool etcd_lost_ ABSL_GUARDED_BY(members_mu_) = false;
+  absl::Time settled_since_ ABSL_GUARDED_BY(members_mu_) = absl::InfinitePast();
 
   absl::Mutex cache_mu_;
   std::map<std::string, CachedHome, std::less<>> homes_ ABSL_GUARDED_BY(cache_mu_);

@@ -3,8 +3,10 @@
 #include "server/fleet/fleet.h"
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
 #include "server/fleet/etcd_client.h"
@@ -530,6 +533,148 @@ TEST_F(FleetTest, DrainingWithMoveMovesTenantsAndAStoppedNodesTenantsWaitForIt) 
   ASSERT_NE(back_home, nullptr);
   auto usage = back_home->GetUsage();
   EXPECT_TRUE(usage.ok()) << usage.status();
+}
+
+// The fleet at the scale: 50 tenants registered through random nodes of three; every
+// tenant's calls work through every node (forwarded for a plain client, redirected for one
+// that says it follows, followed by the C++ client); etcd stopped and restarted under load
+// (the data plane keeps serving, registration is UNAVAILABLE, then works again); then one
+// node killed: its tenants are served by the others with their old keys within its lease
+// TTL plus 5 s.
+TEST_F(FleetTest, FiftyTenantsOnThreeNodesAreServedThroughEveryNodeAndOutliveEtcdAndANode) {
+  std::vector<std::unique_ptr<ServerProcess>> nodes;
+  for (const char* name : {"a", "b", "c"}) {
+    auto node = StartNode(name);
+    ASSERT_TRUE(node.ok()) << node.status();
+    nodes.push_back(*std::move(node));
+  }
+  std::vector<std::unique_ptr<Client>> admins;
+  for (const auto& node : nodes) admins.push_back(Admin(*node));
+  struct Placed {
+    std::string id, key, home;
+  };
+  std::vector<Placed> placed;
+  std::mt19937 random(32);
+  std::map<std::string, int> per_home;
+  for (int i = 0; i < 50; ++i) {
+    const std::string id = absl::StrCat("t", i);
+    v1::RegisterTenantRequest request = Registration(id);
+    request.mutable_quota()->set_device_memory_bytes(16 << 20);
+    auto registered = admins[random() % admins.size()]->RegisterTenant(request);
+    ASSERT_TRUE(registered.ok()) << id << ": " << registered.status();
+    placed.push_back({id, registered->api_key(), registered->tenant().home_node()});
+    ++per_home[placed.back().home];
+  }
+  EXPECT_EQ(per_home.size(), 3u) << "placement used only some nodes";
+  auto index_of = [](const std::string& name) { return static_cast<size_t>(name[0] - 'a'); };
+  // A raw GetUsage through `node`, with or without the follow metadata.
+  auto raw_usage = [&](const ServerProcess& node, const std::string& key, bool follows,
+                       std::string* home_address) {
+    auto channel = grpc::CreateChannel(node.address(), grpc::InsecureChannelCredentials());
+    auto stub = v1::Compute::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    context.AddMetadata("authorization", "Bearer " + key);
+    if (follows) context.AddMetadata("tessera-follow-home", "1");
+    v1::Usage usage;
+    grpc::Status status = stub->GetUsage(&context, v1::GetUsageRequest(), &usage);
+    auto trailers = context.GetServerTrailingMetadata();
+    if (auto it = trailers.find("tessera-home-address"); it != trailers.end()) {
+      *home_address = std::string(it->second.data(), it->second.size());
+    }
+    return status;
+  };
+  for (const Placed& p : placed) {
+    SCOPED_TRACE(p.id + " at " + p.home);
+    const ServerProcess& home = *nodes[index_of(p.home)];
+    for (const auto& node : nodes) {
+      std::string redirect;
+      grpc::Status forwarded = raw_usage(*node, p.key, false, &redirect);
+      EXPECT_TRUE(forwarded.ok()) << node->address() << ": " << forwarded.error_message();
+      grpc::Status told = raw_usage(*node, p.key, true, &redirect);
+      if (node.get() == &home) {
+        EXPECT_TRUE(told.ok()) << told.error_message();
+      } else {
+        EXPECT_EQ(told.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+        EXPECT_EQ(redirect, home.address());
+      }
+      auto tenant = Tenant(*node, p.key);
+      ASSERT_NE(tenant, nullptr);
+      EXPECT_EQ(tenant->address(), home.address());
+      EXPECT_TRUE(tenant->GetUsage().ok());
+    }
+  }
+
+  // etcd away under load: clients at their tenants' homes keep moving bytes.
+  std::atomic<bool> stop{false};
+  std::atomic<int> served{0}, failed{0};
+  std::vector<std::thread> load;
+  for (int t = 0; t < 2; ++t) {
+    load.emplace_back([&, t] {
+      std::vector<std::unique_ptr<Client>> clients;
+      for (int k = t; k < 10; k += 2) clients.push_back(Tenant(*nodes[0], placed[k].key));
+      const absl::Time until = absl::Now() + absl::Seconds(60);  // bounded, whatever happens
+      for (int n = 0; !stop.load() && n < 100000 && absl::Now() < until; ++n) {
+        Client& c = *clients[static_cast<size_t>(n) % clients.size()];
+        auto up = c.Upload(Spec(), std::string(32, static_cast<char>(n)));
+        auto down = up.ok() ? c.Download(up->handle()) : absl::StatusOr<std::string>(up.status());
+        if (down.ok() && *down == std::string(32, static_cast<char>(n)) &&
+            c.DeleteTensor(up->handle()).ok()) {
+          ++served;
+        } else {
+          ++failed;
+        }
+      }
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  etcd_->Stop();
+  const int served_before = served.load();
+  absl::SleepFor(absl::Seconds(1));
+  absl::Status refused = admins[1]->RegisterTenant(Registration("during-outage")).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("etcd"));
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_GT(served.load(), served_before) << "the data plane stopped with etcd";
+  ASSERT_TRUE(etcd_->Restart().ok());
+  absl::Status registered_later;
+  const absl::Time recovered_by = absl::Now() + absl::Seconds(15);
+  do {
+    registered_later = admins[1]->RegisterTenant(Registration("during-outage")).status();
+    if (!registered_later.ok()) absl::SleepFor(absl::Milliseconds(250));
+  } while (!registered_later.ok() && absl::Now() < recovered_by);
+  EXPECT_TRUE(registered_later.ok()) << registered_later;
+  stop = true;
+  for (std::thread& t : load) t.join();
+  EXPECT_EQ(failed.load(), 0) << served.load() << " served";
+  // Every node is back in the fleet (leases may have expired during the outage).
+  const absl::Time rejoined_by = absl::Now() + absl::Seconds(10);
+  while (NodesInEtcd().size() < 3 && absl::Now() < rejoined_by) {
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_EQ(NodesInEtcd().size(), 3u);
+  // Nothing moved while etcd was away: every node came back before the others' grace.
+  for (const Placed& p : placed) EXPECT_EQ(HomeInEtcd(p.id), p.home) << p.id;
+
+  // kill -9 of node c: its tenants are served elsewhere, with their old keys, through every
+  // remaining node, within the lease TTL plus 5 s.
+  ASSERT_TRUE(nodes[2]->Stop(SIGKILL).ok());
+  const absl::Time killed = absl::Now();
+  for (const Placed& p : placed) {
+    if (p.home != "c") continue;
+    SCOPED_TRACE(p.id);
+    const std::string home =
+        WaitForMove(p.id, "c", absl::Seconds(kLeaseTtlSeconds + 5) - (absl::Now() - killed));
+    ASSERT_TRUE(home == "a" || home == "b") << "not moved in time: " << HomeInEtcd(p.id);
+  }
+  for (const Placed& p : placed) {
+    SCOPED_TRACE(p.id);
+    for (size_t n = 0; n < 2; ++n) {
+      std::string redirect;
+      grpc::Status forwarded = raw_usage(*nodes[n], p.key, false, &redirect);
+      EXPECT_TRUE(forwarded.ok()) << nodes[n]->address() << ": " << forwarded.error_message();
+    }
+  }
 }
 
 // A single server's tenants join the fleet with it: the first time the server starts as a
