@@ -104,16 +104,6 @@ std::string UnixSocketPath(absl::string_view address) {
 // data is refused here, before it is sent, with the same advice the server would give.
 constexpr size_t kMaxCreateTensorDataBytes = size_t{16} << 20;
 
-// Calls a unary stub method with a fresh context and maps the status.
-template <typename Response, typename Call>
-absl::StatusOr<Response> Unary(const Client& client, Call call) {
-  std::unique_ptr<grpc::ClientContext> context = client.NewContext();
-  Response response;
-  grpc::Status status = call(context.get(), &response);
-  if (!status.ok()) return FromGrpcStatus(status, *context);
-  return response;
-}
-
 // The payload that carries the retry hint on an absl::Status (the server uses the same key).
 constexpr char kRetryAfterMsPayload[] = "type.tessera.dev/retry-after-ms";
 
@@ -177,6 +167,103 @@ bool ReadReplyFrom(const grpc::ByteBuffer& message, ReadReply* reply) {
   return true;
 }
 
+// WriteTensor: the header as protobuf writes it, then each chunk as its encoded prefix and a
+// slice that refers to the caller's bytes (lent through `lent`), which gRPC sends from where
+// they lie: no copy here. One operation at a time on a queue of the call's own.
+grpc::Status StreamWrite(const std::shared_ptr<grpc::Channel>& channel,
+                         grpc::ClientContext* context, const v1::WriteHeader& header,
+                         absl::string_view data, size_t chunk_bytes,
+                         const Client::Progress& progress, LentBytes* lent,
+                         v1::TensorInfo* response) {
+  grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer> stub(channel);
+  CallQueue queue;
+  auto call = stub.PrepareCall(context, "/tessera.v1.Compute/WriteTensor", queue.get());
+  call->StartCall(nullptr);
+  bool ok = queue.Wait();
+  if (ok) {
+    v1::WriteTensorRequest first;
+    *first.mutable_header() = header;
+    grpc::Slice slice(first.SerializeAsString());
+    call->Write(grpc::ByteBuffer(&slice, 1), nullptr);
+    ok = queue.Wait();
+  }
+  for (size_t offset = 0; ok && offset < data.size(); offset += chunk_bytes) {
+    const size_t n = std::min(chunk_bytes, data.size() - offset);
+    std::string prefix;
+    wire::AppendChunkPrefix(offset, n, &prefix);
+    grpc::Slice slices[] = {grpc::Slice(prefix), lent->Lend(data.data() + offset, n)};
+    call->Write(grpc::ByteBuffer(slices, 2), nullptr);
+    ok = queue.Wait();
+    if (ok && progress) progress(offset + n, data.size());
+  }
+  if (ok) {
+    call->WritesDone(nullptr);
+    ok = queue.Wait();
+  }
+  grpc::ByteBuffer reply;
+  if (ok) {
+    call->Read(&reply, nullptr);
+    ok = queue.Wait();
+  }
+  grpc::Status status;
+  call->Finish(&status, nullptr);
+  queue.Wait();
+  if (!status.ok()) return status;
+  grpc::ProtoBufferReader reader(&reply);
+  if (!ok || !reader.status().ok() || !response->ParseFromZeroCopyStream(&reader)) {
+    return grpc::Status(grpc::StatusCode::DATA_LOSS,
+                        "WriteTensor returned a reply that is not a TensorInfo");
+  }
+  return grpc::Status::OK;
+}
+
+// ReadTensor into `*bytes` (replaced). Replies are read as gRPC received them (ByteBuffer) and
+// their data appended from there: one copy, where a generated reader would parse each into a
+// string first. One operation at a time on a queue of the call's own, each waited for.
+grpc::Status StreamRead(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* context,
+                        const v1::ReadTensorRequest& request, const Client::Progress& progress,
+                        std::string* bytes) {
+  bytes->clear();
+  grpc::TemplatedGenericStub<v1::ReadTensorRequest, grpc::ByteBuffer> stub(channel);
+  CallQueue queue;
+  auto done = [&queue] { return queue.Wait(); };
+  auto call = stub.PrepareCall(context, "/tessera.v1.Compute/ReadTensor", queue.get());
+  call->StartCall(nullptr);
+  bool open = done();
+  if (open) {
+    call->WriteLast(request, grpc::WriteOptions(), nullptr);
+    open = done();
+  }
+  uint64_t total = 0;
+  grpc::Status broken;
+  for (grpc::ByteBuffer message; open;) {
+    call->Read(&message, nullptr);
+    if (!done()) break;
+    ReadReply reply;
+    if (!ReadReplyFrom(message, &reply)) {
+      broken = grpc::Status(grpc::StatusCode::DATA_LOSS,
+                            "ReadTensor returned a message that is not a ReadTensorResponse");
+    } else if (reply.offset != request.offset() + bytes->size()) {
+      broken = grpc::Status(grpc::StatusCode::DATA_LOSS, "ReadTensor returned chunks out of order");
+    }
+    if (!broken.ok()) {
+      context->TryCancel();
+      break;
+    }
+    if (reply.info.has_value()) {
+      total =
+          request.length() != 0 ? request.length() : reply.info->size_bytes() - request.offset();
+      client_internal::ReserveForFill(bytes, total);
+    }
+    for (absl::string_view piece : reply.pieces) bytes->append(piece.data(), piece.size());
+    if (progress) progress(bytes->size(), total);
+  }
+  grpc::Status status;
+  call->Finish(&status, nullptr);
+  done();
+  return broken.ok() ? status : broken;
+}
+
 }  // namespace
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
@@ -202,6 +289,14 @@ std::optional<absl::Duration> RetryAfter(const absl::Status& status) {
   if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &ms)) return std::nullopt;
   return absl::Milliseconds(ms);
 }
+
+struct Client::Connection {
+  std::string address;
+  std::string unix_socket_path;  // of `address`
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::TenantAdmin::Stub> admin;
+  std::unique_ptr<v1::Compute::Stub> compute;
+};
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.address.empty()) return absl::InvalidArgumentError("address is empty");
@@ -229,38 +324,58 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   } else {
     credentials = grpc::InsecureChannelCredentials();
   }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);  // the server enforces its own limit
-  auto channel = grpc::CreateCustomChannel(options.address, credentials, args);
-  auto client = std::unique_ptr<Client>(new Client(options, std::move(channel)));
-  if (!options.follow_home || !absl::StartsWith(options.token, "tsk_")) return client;
+  const std::string seed = options.address;
+  auto client = std::unique_ptr<Client>(new Client(options, seed, credentials));
+  if (!client->follows_) return client;
   // One question: is the tenant at home here? (Compute.Locate; docs/fleet.md, "Reaching a
-  // tenant's home"). Not counted against the tenant's request quotas.
-  auto context = client->NewContext();
-  context->set_deadline(std::chrono::system_clock::now() +
-                        absl::ToChronoMilliseconds(std::min(options.timeout, absl::Seconds(5))));
-  v1::Location location;
-  grpc::Status asked = client->compute_->Locate(context.get(), v1::LocateRequest(), &location);
-  if (!asked.ok() || location.here() || location.address().empty()) return client;
+  // tenant's home"). Not counted against the tenant's request quotas. Any answer but another
+  // node leaves the client as it is.
+  std::optional<std::string> home = client->AskHome();
+  if (!home.has_value() || *home == seed) return client;
   // One hop: the home answers for itself. Still a client that follows redirects, whose calls
   // say so (NewContext).
-  options.address = location.address();
-  channel = grpc::CreateCustomChannel(options.address, credentials, args);
-  return std::unique_ptr<Client>(new Client(std::move(options), std::move(channel)));
+  options.address = *std::move(home);
+  return std::unique_ptr<Client>(new Client(std::move(options), seed, std::move(credentials)));
 }
 
-Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
+Client::Client(ClientOptions options, std::string seed_address,
+               std::shared_ptr<grpc::ChannelCredentials> credentials)
     : options_(std::move(options)),
-      channel_(std::move(channel)),
+      credentials_(std::move(credentials)),
+      follows_(options_.follow_home && absl::StartsWith(options_.token, "tsk_")),
+      seed_(Open(seed_address, credentials_)),
       unix_socket_path_(UnixSocketPath(options_.address)),
-      admin_(v1::TenantAdmin::NewStub(channel_)),
-      compute_(v1::Compute::NewStub(channel_)),
+      connection_(options_.address == seed_address ? seed_ : Open(options_.address, credentials_)),
       regions_(std::make_unique<RegionPool>()) {}
 
 Client::~Client() {
   // Unregistered while the stubs still exist.
   regions_->TakeAll().clear();
 }
+
+std::shared_ptr<const Client::Connection> Client::Open(
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);  // the server enforces its own limit
+  auto connection = std::make_shared<Connection>();
+  connection->address = address;
+  connection->unix_socket_path = UnixSocketPath(address);
+  connection->channel = grpc::CreateCustomChannel(address, credentials, args);
+  connection->admin = v1::TenantAdmin::NewStub(connection->channel);
+  connection->compute = v1::Compute::NewStub(connection->channel);
+  return connection;
+}
+
+std::shared_ptr<const Client::Connection> Client::Current() const {
+  absl::MutexLock lock(&mu_);
+  return connection_;
+}
+
+std::shared_ptr<grpc::Channel> Client::channel() const { return Current()->channel; }
+
+std::string Client::address() const { return Current()->address; }
+
+std::string Client::unix_socket_path() const { return Current()->unix_socket_path; }
 
 std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -270,25 +385,98 @@ std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
     context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
   }
   // A node that is not the tenant's home answers the redirect rather than forwarding the
-  // call (docs/api.md, "Forwarding and redirects"): this client connected to the home.
-  if (options_.follow_home && absl::StartsWith(options_.token, "tsk_")) {
-    context->AddMetadata("tessera-follow-home", "1");
-  }
+  // call (docs/api.md, "Forwarding and redirects"): this client follows it (Run).
+  if (follows_) context->AddMetadata("tessera-follow-home", "1");
   return context;
+}
+
+// ---- Following the tenant's home (docs/api.md, "After a move") --------------------------------
+
+absl::Status Client::Run(Attempt attempt) {
+  std::shared_ptr<const Connection> connection = Current();
+  for (int tries = 0;; ++tries) {
+    std::unique_ptr<grpc::ClientContext> context = NewContext();
+    const grpc::Status status = attempt(*connection, context.get());
+    if (status.ok()) return absl::OkStatus();
+    // One switch per call at most: a second answer is the caller's.
+    std::shared_ptr<const Connection> again =
+        tries == 0 ? FollowAfter(connection, status, *context) : nullptr;
+    if (again == nullptr) return FromGrpcStatus(status, *context);
+    connection = std::move(again);
+  }
+}
+
+template <typename Response, typename Call>
+absl::StatusOr<Response> Client::Unary(Call call) {
+  Response response;
+  absl::Status status = Run([&](const Connection& connection, grpc::ClientContext* context) {
+    response.Clear();
+    return call(connection, context, &response);
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+std::shared_ptr<const Client::Connection> Client::FollowAfter(
+    const std::shared_ptr<const Connection>& used, const grpc::Status& status,
+    const grpc::ClientContext& context) {
+  if (!follows_) return nullptr;
+  if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    // The redirect: refused before it ran, so running it again is safe.
+    const auto& trailers = context.GetServerTrailingMetadata();
+    auto it = trailers.find("tessera-home-address");
+    if (it == trailers.end() || it->second.empty()) return nullptr;
+    const std::string home(it->second.data(), it->second.size());
+    if (home == used->address) return nullptr;
+    return SwitchTo(used, home);
+  }
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE && Current() == used) {
+    // The home may be gone (its tenants move to other nodes): the seed knows where to.
+    std::optional<std::string> home = AskHome();
+    if (home.has_value() && *home != used->address) SwitchTo(used, *home);
+  }
+  return nullptr;
+}
+
+std::optional<std::string> Client::AskHome() const {
+  std::unique_ptr<grpc::ClientContext> context = NewContext();
+  context->set_deadline(std::chrono::system_clock::now() +
+                        absl::ToChronoMilliseconds(std::min(options_.timeout, absl::Seconds(5))));
+  v1::Location location;
+  if (!seed_->compute->Locate(context.get(), v1::LocateRequest(), &location).ok()) {
+    return std::nullopt;
+  }
+  if (location.here()) return seed_->address;
+  if (location.address().empty()) return std::nullopt;
+  return location.address();
+}
+
+std::shared_ptr<const Client::Connection> Client::SwitchTo(
+    const std::shared_ptr<const Connection>& used, const std::string& address) {
+  std::shared_ptr<const Connection> next =
+      address == seed_->address ? seed_ : Open(address, credentials_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (connection_ != used) return connection_;  // another call switched first
+    connection_ = next;
+  }
+  // Regions live on the node the client first reached: from now on transfers stream.
+  regions_->MarkUnavailable();
+  return next;
 }
 
 absl::StatusOr<v1::RegisterTenantResponse> Client::RegisterTenant(
     const v1::RegisterTenantRequest& request) {
-  return Unary<v1::RegisterTenantResponse>(*this, [&](auto* context, auto* response) {
-    return admin_->RegisterTenant(context, request, response);
+  return Unary<v1::RegisterTenantResponse>([&](const Connection& c, auto* context, auto* response) {
+    return c.admin->RegisterTenant(context, request, response);
   });
 }
 
 absl::StatusOr<v1::Tenant> Client::GetTenant(absl::string_view tenant_id) {
   v1::GetTenantRequest request;
   request.set_tenant_id(std::string(tenant_id));
-  return Unary<v1::Tenant>(*this, [&](auto* context, auto* response) {
-    return admin_->GetTenant(context, request, response);
+  return Unary<v1::Tenant>([&](const Connection& c, auto* context, auto* response) {
+    return c.admin->GetTenant(context, request, response);
   });
 }
 
@@ -297,8 +485,8 @@ absl::StatusOr<v1::ListTenantsResponse> Client::ListTenants(int32_t page_size,
   v1::ListTenantsRequest request;
   request.set_page_size(page_size);
   request.set_page_token(std::string(page_token));
-  return Unary<v1::ListTenantsResponse>(*this, [&](auto* context, auto* response) {
-    return admin_->ListTenants(context, request, response);
+  return Unary<v1::ListTenantsResponse>([&](const Connection& c, auto* context, auto* response) {
+    return c.admin->ListTenants(context, request, response);
   });
 }
 
@@ -319,31 +507,33 @@ absl::StatusOr<v1::Tenant> Client::UpdateTenant(const v1::Tenant& tenant,
   v1::UpdateTenantRequest request;
   *request.mutable_tenant() = tenant;
   for (const std::string& path : paths) request.mutable_update_mask()->add_paths(path);
-  return Unary<v1::Tenant>(*this, [&](auto* context, auto* response) {
-    return admin_->UpdateTenant(context, request, response);
+  return Unary<v1::Tenant>([&](const Connection& c, auto* context, auto* response) {
+    return c.admin->UpdateTenant(context, request, response);
   });
 }
 
 absl::StatusOr<v1::DeregisterTenantResponse> Client::DeregisterTenant(absl::string_view tenant_id) {
   v1::DeregisterTenantRequest request;
   request.set_tenant_id(std::string(tenant_id));
-  return Unary<v1::DeregisterTenantResponse>(*this, [&](auto* context, auto* response) {
-    return admin_->DeregisterTenant(context, request, response);
-  });
+  return Unary<v1::DeregisterTenantResponse>(
+      [&](const Connection& c, auto* context, auto* response) {
+        return c.admin->DeregisterTenant(context, request, response);
+      });
 }
 
 absl::StatusOr<v1::RotateTenantKeyResponse> Client::RotateTenantKey(absl::string_view tenant_id) {
   v1::RotateTenantKeyRequest request;
   request.set_tenant_id(std::string(tenant_id));
-  return Unary<v1::RotateTenantKeyResponse>(*this, [&](auto* context, auto* response) {
-    return admin_->RotateTenantKey(context, request, response);
-  });
+  return Unary<v1::RotateTenantKeyResponse>(
+      [&](const Connection& c, auto* context, auto* response) {
+        return c.admin->RotateTenantKey(context, request, response);
+      });
 }
 
 absl::StatusOr<v1::ListNodesResponse> Client::ListNodes() {
   v1::ListNodesRequest request;
-  return Unary<v1::ListNodesResponse>(*this, [&](auto* context, auto* response) {
-    return admin_->ListNodes(context, request, response);
+  return Unary<v1::ListNodesResponse>([&](const Connection& c, auto* context, auto* response) {
+    return c.admin->ListNodes(context, request, response);
   });
 }
 
@@ -352,24 +542,23 @@ absl::Status Client::DrainNode(const std::string& name, bool undo, bool move_ten
   request.set_name(name);
   request.set_undo(undo);
   request.set_move_tenants(move_tenants);
-  return Unary<v1::DrainNodeResponse>(*this,
-                                      [&](auto* context, auto* response) {
-                                        return admin_->DrainNode(context, request, response);
-                                      })
+  return Unary<v1::DrainNodeResponse>([&](const Connection& c, auto* context, auto* response) {
+           return c.admin->DrainNode(context, request, response);
+         })
       .status();
 }
 
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
   v1::GetServerInfoRequest request;
-  return Unary<v1::ServerInfo>(*this, [&](auto* context, auto* response) {
-    return admin_->GetServerInfo(context, request, response);
+  return Unary<v1::ServerInfo>([&](const Connection& c, auto* context, auto* response) {
+    return c.admin->GetServerInfo(context, request, response);
   });
 }
 
 absl::StatusOr<v1::MpsStatus> Client::GetMpsStatus() {
   v1::GetMpsStatusRequest request;
-  return Unary<v1::MpsStatus>(*this, [&](auto* context, auto* response) {
-    return admin_->GetMpsStatus(context, request, response);
+  return Unary<v1::MpsStatus>([&](const Connection& c, auto* context, auto* response) {
+    return c.admin->GetMpsStatus(context, request, response);
   });
 }
 
@@ -377,9 +566,10 @@ absl::StatusOr<v1::TerminateTenantWorkResponse> Client::TerminateTenantWork(
     absl::string_view tenant_id) {
   v1::TerminateTenantWorkRequest request;
   request.set_tenant_id(std::string(tenant_id));
-  return Unary<v1::TerminateTenantWorkResponse>(*this, [&](auto* context, auto* response) {
-    return admin_->TerminateTenantWork(context, request, response);
-  });
+  return Unary<v1::TerminateTenantWorkResponse>(
+      [&](const Connection& c, auto* context, auto* response) {
+        return c.admin->TerminateTenantWork(context, request, response);
+      });
 }
 
 absl::StatusOr<v1::TensorInfo> Client::CreateTensor(const v1::TensorSpec& spec,
@@ -392,8 +582,8 @@ absl::StatusOr<v1::TensorInfo> Client::CreateTensor(const v1::TensorSpec& spec,
   v1::CreateTensorRequest request;
   *request.mutable_spec() = spec;
   request.set_data(std::string(data));
-  return Unary<v1::TensorInfo>(*this, [&](auto* context, auto* response) {
-    return compute_->CreateTensor(context, request, response);
+  return Unary<v1::TensorInfo>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->CreateTensor(context, request, response);
   });
 }
 
@@ -404,50 +594,16 @@ absl::StatusOr<v1::TensorInfo> Client::Write(const v1::WriteHeader& header, absl
     if (written->ok() && progress) progress(data.size(), data.size());
     return *std::move(written);
   }
-  // The header goes as protobuf writes it; each chunk as its encoded prefix and a slice that
-  // refers to the caller's bytes, which gRPC sends from where they lie: no copy here. `lent`
-  // goes last (declared first): this returns only once gRPC has let go of every such slice.
+  // Each chunk goes from the caller's bytes where they lie (StreamWrite); `lent` goes last: this
+  // returns only once gRPC has let go of every slice that refers to them. After the redirect
+  // the stream is sent again, whole, to the tenant's home.
   LentBytes lent;
-  std::unique_ptr<grpc::ClientContext> context = NewContext();
-  grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer> stub(channel_);
-  CallQueue queue;
-  auto call = stub.PrepareCall(context.get(), "/tessera.v1.Compute/WriteTensor", queue.get());
-  call->StartCall(nullptr);
-  bool ok = queue.Wait();
-  if (ok) {
-    v1::WriteTensorRequest first;
-    *first.mutable_header() = header;
-    grpc::Slice slice(first.SerializeAsString());
-    call->Write(grpc::ByteBuffer(&slice, 1), nullptr);
-    ok = queue.Wait();
-  }
-  for (size_t offset = 0; ok && offset < data.size(); offset += chunk_bytes) {
-    const size_t n = std::min(chunk_bytes, data.size() - offset);
-    std::string prefix;
-    wire::AppendChunkPrefix(offset, n, &prefix);
-    grpc::Slice slices[] = {grpc::Slice(prefix), lent.Lend(data.data() + offset, n)};
-    call->Write(grpc::ByteBuffer(slices, 2), nullptr);
-    ok = queue.Wait();
-    if (ok && progress) progress(offset + n, data.size());
-  }
-  if (ok) {
-    call->WritesDone(nullptr);
-    ok = queue.Wait();
-  }
-  grpc::ByteBuffer reply;
-  if (ok) {
-    call->Read(&reply, nullptr);
-    ok = queue.Wait();
-  }
-  grpc::Status status;
-  call->Finish(&status, nullptr);
-  queue.Wait();
-  if (!status.ok()) return FromGrpcStatus(status, *context);
   v1::TensorInfo response;
-  grpc::ProtoBufferReader reader(&reply);
-  if (!ok || !reader.status().ok() || !response.ParseFromZeroCopyStream(&reader)) {
-    return absl::DataLossError("WriteTensor returned a reply that is not a TensorInfo");
-  }
+  absl::Status status = Run([&](const Connection& connection, grpc::ClientContext* context) {
+    return StreamWrite(connection.channel, context, header, data, chunk_bytes, progress, &lent,
+                       &response);
+  });
+  if (!status.ok()) return status;
   return response;
 }
 
@@ -472,62 +628,24 @@ absl::StatusOr<std::string> Client::Download(absl::string_view handle, uint64_t 
     if (read->ok() && progress) progress((*read)->size(), (*read)->size());
     return *std::move(read);
   }
-  std::unique_ptr<grpc::ClientContext> context = NewContext();
   v1::ReadTensorRequest request;
   request.set_handle(std::string(handle));
   request.set_offset(offset);
   request.set_length(length);
   request.set_chunk_bytes(chunk_bytes);
-  // Replies are read as gRPC received them (ByteBuffer) and their data appended to the result
-  // from there: one copy, where a generated reader would parse each into a string first. One
-  // operation at a time on a queue of the call's own, each waited for.
-  grpc::TemplatedGenericStub<v1::ReadTensorRequest, grpc::ByteBuffer> stub(channel_);
-  CallQueue queue;
-  auto done = [&queue] { return queue.Wait(); };
-  auto call = stub.PrepareCall(context.get(), "/tessera.v1.Compute/ReadTensor", queue.get());
-  call->StartCall(nullptr);
-  bool open = done();
-  if (open) {
-    call->WriteLast(request, grpc::WriteOptions(), nullptr);
-    open = done();
-  }
   std::string bytes;
-  uint64_t total = 0;
-  absl::Status broken;
-  for (grpc::ByteBuffer message; open;) {
-    call->Read(&message, nullptr);
-    if (!done()) break;
-    ReadReply reply;
-    if (!ReadReplyFrom(message, &reply)) {
-      broken =
-          absl::DataLossError("ReadTensor returned a message that is not a ReadTensorResponse");
-    } else if (reply.offset != offset + bytes.size()) {
-      broken = absl::DataLossError("ReadTensor returned chunks out of order");
-    }
-    if (!broken.ok()) {
-      context->TryCancel();
-      break;
-    }
-    if (reply.info.has_value()) {
-      total = length != 0 ? length : reply.info->size_bytes() - offset;
-      client_internal::ReserveForFill(&bytes, total);
-    }
-    for (absl::string_view piece : reply.pieces) bytes.append(piece.data(), piece.size());
-    if (progress) progress(bytes.size(), total);
-  }
-  grpc::Status status;
-  call->Finish(&status, nullptr);
-  done();
-  if (!broken.ok()) return broken;
-  if (!status.ok()) return FromGrpcStatus(status, *context);
+  absl::Status status = Run([&](const Connection& connection, grpc::ClientContext* context) {
+    return StreamRead(connection.channel, context, request, progress, &bytes);
+  });
+  if (!status.ok()) return status;
   return bytes;
 }
 
 absl::StatusOr<v1::TensorInfo> Client::GetTensor(absl::string_view handle) {
   v1::GetTensorRequest request;
   request.set_handle(std::string(handle));
-  return Unary<v1::TensorInfo>(*this, [&](auto* context, auto* response) {
-    return compute_->GetTensor(context, request, response);
+  return Unary<v1::TensorInfo>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->GetTensor(context, request, response);
   });
 }
 
@@ -535,9 +653,10 @@ absl::StatusOr<std::vector<v1::TensorInfo>> Client::ListAllTensors() {
   std::vector<v1::TensorInfo> tensors;
   v1::ListTensorsRequest request;
   do {
-    auto page = Unary<v1::ListTensorsResponse>(*this, [&](auto* context, auto* response) {
-      return compute_->ListTensors(context, request, response);
-    });
+    auto page =
+        Unary<v1::ListTensorsResponse>([&](const Connection& c, auto* context, auto* response) {
+          return c.compute->ListTensors(context, request, response);
+        });
     if (!page.ok()) return page.status();
     for (v1::TensorInfo& t : *page->mutable_tensors()) tensors.push_back(std::move(t));
     request.set_page_token(page->next_page_token());
@@ -548,21 +667,22 @@ absl::StatusOr<std::vector<v1::TensorInfo>> Client::ListAllTensors() {
 absl::StatusOr<uint64_t> Client::DeleteTensor(absl::string_view handle) {
   v1::DeleteTensorRequest request;
   request.set_handle(std::string(handle));
-  auto response = Unary<v1::DeleteTensorResponse>(
-      *this, [&](auto* context, auto* r) { return compute_->DeleteTensor(context, request, r); });
+  auto response = Unary<v1::DeleteTensorResponse>([&](const Connection& c, auto* context, auto* r) {
+    return c.compute->DeleteTensor(context, request, r);
+  });
   if (!response.ok()) return response.status();
   return response->released_bytes();
 }
 
 absl::StatusOr<v1::Job> Client::Launch(const v1::LaunchRequest& request) {
-  return Unary<v1::Job>(*this, [&](auto* context, auto* response) {
-    return compute_->Launch(context, request, response);
+  return Unary<v1::Job>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->Launch(context, request, response);
   });
 }
 
 absl::StatusOr<v1::Job> Client::Submit(const v1::SubmitRequest& request) {
-  return Unary<v1::Job>(*this, [&](auto* context, auto* response) {
-    return compute_->Submit(context, request, response);
+  return Unary<v1::Job>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->Submit(context, request, response);
   });
 }
 
@@ -574,66 +694,65 @@ absl::StatusOr<v1::Job> Client::WaitJob(absl::string_view job_id, absl::Duration
     request.mutable_timeout()->set_seconds(ns / 1000000000);
     request.mutable_timeout()->set_nanos(static_cast<int32_t>(ns % 1000000000));
   }
-  return Unary<v1::Job>(*this, [&](auto* context, auto* response) {
-    return compute_->WaitJob(context, request, response);
+  return Unary<v1::Job>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->WaitJob(context, request, response);
   });
 }
 
 absl::StatusOr<v1::Job> Client::CancelJob(absl::string_view job_id) {
   v1::CancelJobRequest request;
   request.set_job_id(std::string(job_id));
-  return Unary<v1::Job>(*this, [&](auto* context, auto* response) {
-    return compute_->CancelJob(context, request, response);
+  return Unary<v1::Job>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->CancelJob(context, request, response);
   });
 }
 
 absl::StatusOr<uint64_t> Client::Synchronize(int64_t stream) {
   v1::SynchronizeRequest request;
   if (stream >= 0) request.set_stream(static_cast<uint32_t>(stream));
-  auto response = Unary<v1::SynchronizeResponse>(
-      *this, [&](auto* context, auto* r) { return compute_->Synchronize(context, request, r); });
+  auto response = Unary<v1::SynchronizeResponse>([&](const Connection& c, auto* context, auto* r) {
+    return c.compute->Synchronize(context, request, r);
+  });
   if (!response.ok()) return response.status();
   return response->jobs_completed();
 }
 
 absl::StatusOr<v1::ListKernelsResponse> Client::ListKernels() {
   v1::ListKernelsRequest request;
-  return Unary<v1::ListKernelsResponse>(*this, [&](auto* context, auto* response) {
-    return compute_->ListKernels(context, request, response);
+  return Unary<v1::ListKernelsResponse>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->ListKernels(context, request, response);
   });
 }
 
 absl::StatusOr<v1::KernelInfo> Client::DefineKernel(absl::string_view source) {
   v1::DefineKernelRequest request;
   request.set_source(std::string(source));
-  return Unary<v1::KernelInfo>(*this, [&](auto* context, auto* response) {
-    return compute_->DefineKernel(context, request, response);
+  return Unary<v1::KernelInfo>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->DefineKernel(context, request, response);
   });
 }
 
 absl::StatusOr<v1::KernelInfo> Client::DefineKernel(const v1::KernelDefinition& definition) {
   v1::DefineKernelRequest request;
   *request.mutable_definition() = definition;
-  return Unary<v1::KernelInfo>(*this, [&](auto* context, auto* response) {
-    return compute_->DefineKernel(context, request, response);
+  return Unary<v1::KernelInfo>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->DefineKernel(context, request, response);
   });
 }
 
 absl::Status Client::DeleteKernel(absl::string_view name) {
   v1::DeleteKernelRequest request;
   request.set_name(std::string(name));
-  return Unary<v1::DeleteKernelResponse>(*this,
-                                         [&](auto* context, auto* response) {
-                                           return compute_->DeleteKernel(context, request,
-                                                                         response);
-                                         })
+  return Unary<v1::DeleteKernelResponse>([&](const Connection& c, auto* context, auto* response) {
+           return c.compute->DeleteKernel(context, request, response);
+         })
       .status();
 }
 
 absl::StatusOr<v1::Usage> Client::GetUsage() {
   v1::GetUsageRequest request;
-  return Unary<v1::Usage>(*this, [&](auto* context, auto* response) {
-    return compute_->GetUsage(context, request, response);
+  return Unary<v1::Usage>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->GetUsage(context, request, response);
   });
 }
 
@@ -642,48 +761,50 @@ absl::StatusOr<v1::Usage> Client::GetUsage() {
 absl::StatusOr<v1::RegionTicket> Client::BeginRegion(uint64_t size_bytes) {
   v1::BeginRegionRequest request;
   request.set_size_bytes(size_bytes);
-  return Unary<v1::RegionTicket>(*this, [&](auto* context, auto* response) {
-    return compute_->BeginRegion(context, request, response);
+  return Unary<v1::RegionTicket>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->BeginRegion(context, request, response);
   });
 }
 
 absl::StatusOr<v1::Region> Client::FinishRegion(absl::string_view ticket) {
   v1::FinishRegionRequest request;
   request.set_ticket(std::string(ticket));
-  return Unary<v1::Region>(*this, [&](auto* context, auto* response) {
-    return compute_->FinishRegion(context, request, response);
+  return Unary<v1::Region>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->FinishRegion(context, request, response);
   });
 }
 
 absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions() {
   v1::ListRegionsRequest request;
-  return Unary<v1::ListRegionsResponse>(*this, [&](auto* context, auto* response) {
-    return compute_->ListRegions(context, request, response);
+  return Unary<v1::ListRegionsResponse>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->ListRegions(context, request, response);
   });
 }
 
 absl::StatusOr<uint64_t> Client::UnregisterRegion(absl::string_view handle) {
   v1::UnregisterRegionRequest request;
   request.set_handle(std::string(handle));
-  auto response = Unary<v1::UnregisterRegionResponse>(*this, [&](auto* context, auto* r) {
-    return compute_->UnregisterRegion(context, request, r);
-  });
+  auto response =
+      Unary<v1::UnregisterRegionResponse>([&](const Connection& c, auto* context, auto* r) {
+        return c.compute->UnregisterRegion(context, request, r);
+      });
   if (!response.ok()) return response.status();
   return response->released_bytes();
 }
 
 absl::StatusOr<v1::TensorInfo> Client::WriteTensorFromRegion(
     const v1::WriteTensorFromRegionRequest& request) {
-  return Unary<v1::TensorInfo>(*this, [&](auto* context, auto* response) {
-    return compute_->WriteTensorFromRegion(context, request, response);
+  return Unary<v1::TensorInfo>([&](const Connection& c, auto* context, auto* response) {
+    return c.compute->WriteTensorFromRegion(context, request, response);
   });
 }
 
 absl::StatusOr<v1::ReadTensorIntoRegionResponse> Client::ReadTensorIntoRegion(
     const v1::ReadTensorIntoRegionRequest& request) {
-  return Unary<v1::ReadTensorIntoRegionResponse>(*this, [&](auto* context, auto* response) {
-    return compute_->ReadTensorIntoRegion(context, request, response);
-  });
+  return Unary<v1::ReadTensorIntoRegionResponse>(
+      [&](const Connection& c, auto* context, auto* response) {
+        return c.compute->ReadTensorIntoRegion(context, request, response);
+      });
 }
 
 }  // namespace tessera

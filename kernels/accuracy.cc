@@ -29,8 +29,28 @@ Format FormatOf(DType dtype) {
 
 bool Exact(std::string_view k) {
   return k == "copy" || k == "transpose" || k == "max" || k == "min" || k == "maximum" ||
-         k == "minimum" || k == "relu" || k == "neg" || k == "abs" || k == "argmax";
+         k == "minimum" || k == "relu" || k == "neg" || k == "abs" || k == "argmax" ||
+         // Tenant-kernel functions whose results are representable: exact on every backend.
+         k == "ceil" || k == "floor" || k == "trunc" || k == "round" || k == "copysign" ||
+         k == "isnan" || k == "isinf" || k == "isfinite";
 }
+
+// The tenant-kernel functions (docs/kernels.md) that the C library (CPU) and CUDA's math
+// library (device) approximate: ulps against the exact value. Each is CUDA's documented
+// maximum error (CUDA C++ Programming Guide, "Mathematical Functions", against the correctly
+// rounded result; the larger of its f32 and f64 figures) plus the half ulp between the
+// correctly rounded and the exact result, rounded up; glibc's documented errors for x86-64
+// and AArch64 (libm-test-ulps) are within these.
+struct LibmBound {
+  std::string_view name;
+  double ulps;
+};
+constexpr LibmBound kLibmBounds[] = {
+    {"sin", 3},     {"cos", 3},     {"tan", 5},   {"arcsin", 3}, {"arccos", 3},
+    {"arctan", 3},  {"arctan2", 4}, {"sinh", 4},  {"cosh", 3},   {"arcsinh", 4},
+    {"arccosh", 5}, {"arctanh", 4}, {"log10", 3}, {"log2", 3},   {"log1p", 3},
+    {"exp2", 3},    {"expm1", 3},   {"cbrt", 4},  {"hypot", 4},
+};
 
 }  // namespace
 
@@ -55,6 +75,9 @@ AccuracyBound BoundFor(std::string_view k, DType dtype) {
   if (k == "rsqrt") return {ulps(1.5), 0, false};  // 1 / sqrt(x): two roundings
   if (k == "exp" || k == "log") return {ulps(2), 0, false};
   if (k == "tanh" || k == "sigmoid" || k == "pow") return {ulps(4), 0, false};
+  for (const LibmBound& b : kLibmBounds) {
+    if (b.name == k) return {ulps(b.ulps), 0, false};
+  }
   if (k == "gelu") return {ulps(4), 4, false};     // 1 + erf(x / sqrt 2) cancels for x < 0
   if (k == "scale") return {ulps(0.5), 1, false};  // alpha x + beta, fused or not
   if (k == "sum" || k == "mean" || k == "matmul") return {ulps(0.5), 1, true};

@@ -31,9 +31,11 @@ struct AccuracyBound {
   bool grows_with_terms = false;
 };
 
-/// The bound of `kernel` (a catalog name) for outputs of `dtype`. Integer and boolean outputs,
-/// and kernels that only move or select values (copy, transpose, max, min, maximum, minimum,
-/// relu, neg, abs), are exact: all zero. Unknown kernels: NaN ulps (a test fails on it).
+/// The bound of `kernel` (a catalog name, or a function of tenant-defined kernels such as
+/// "sin", docs/kernels.md) for outputs of `dtype`. Integer and boolean outputs, kernels that
+/// only move or select values (copy, transpose, max, min, maximum, minimum, relu, neg, abs)
+/// and functions with representable results (ceil, floor, trunc, round, copysign, isnan,
+/// isinf, isfinite) are exact: all zero. Unknown names: NaN ulps (a test fails on it).
 AccuracyBound BoundFor(std::string_view kernel, DType dtype);
 
 /// Whether `got` is within `bound` of `exact` (in long double, so that a reference is not

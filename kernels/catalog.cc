@@ -1,10 +1,8 @@
 // The built-in kernel catalog: signatures, attributes and inference, one kernel per Op.
 // Backends implement the same ops; nothing else in the system validates a launch.
-#include <algorithm>
-#include <numeric>
-
 #include "absl/strings/str_cat.h"
 
+#include "kernels/reduced_axes.h"
 #include "kernels/registry.h"
 
 namespace tessera::kernels {
@@ -24,45 +22,12 @@ absl::Status Invalid(auto&&... parts) { return absl::InvalidArgumentError(absl::
 
 Result SameAsInput(const Metas& in, const Attrs&, const OutputHints&) { return Metas{in[0]}; }
 
-// Reduced axes of a `rank`-d input as a sorted set; empty attribute = every axis.
-absl::StatusOr<std::vector<int>> ReducedAxes(const Attrs& attrs, size_t rank) {
-  std::vector<int> axes;
-  const std::vector<int64_t>& given = AttrInts(attrs, "axes");
-  if (given.empty()) {
-    axes.resize(rank);
-    std::iota(axes.begin(), axes.end(), 0);
-    return axes;
-  }
-  for (size_t i = 0; i < given.size(); ++i) {
-    absl::StatusOr<int> a = NormalizeAxis(given[i], rank, absl::StrCat("axes[", i, "]"));
-    if (!a.ok()) return a.status();
-    if (std::find(axes.begin(), axes.end(), *a) != axes.end()) {
-      return Invalid("axes lists axis ", *a, " twice");
-    }
-    axes.push_back(*a);
-  }
-  std::sort(axes.begin(), axes.end());
-  return axes;
-}
-
-Shape ReducedShape(const Shape& shape, const std::vector<int>& axes, bool keepdims) {
-  Shape out;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    bool reduced = std::find(axes.begin(), axes.end(), static_cast<int>(d)) != axes.end();
-    if (!reduced) {
-      out.push_back(shape[d]);
-    } else if (keepdims) {
-      out.push_back(1);
-    }
-  }
-  return out;
-}
-
 // sum/mean/max/min: `out_dtype` maps the input dtype; `needs_identity` refuses empty axes.
 InferFn Reduction(DType (*out_dtype)(DType), bool needs_identity) {
   return [out_dtype, needs_identity](const Metas& in, const Attrs& attrs,
                                      const OutputHints&) -> Result {
-    absl::StatusOr<std::vector<int>> axes = ReducedAxes(attrs, in[0].shape.size());
+    absl::StatusOr<std::vector<int>> axes =
+        ReducedAxes(AttrInts(attrs, "axes"), in[0].shape.size());
     if (!axes.ok()) return axes.status();
     if (needs_identity) {
       for (int a : *axes) {

@@ -27,7 +27,7 @@
 #include "grpc/support/log.h"
 #include "spdlog/spdlog.h"
 
-#include "server/common/byte_size.h"
+#include "common/byte_size.h"
 #include "server/common/logging.h"
 #include "server/common/systemd.h"
 #include "server/server.h"
@@ -396,7 +396,10 @@ std::string GrpcurlHost(const std::string& listen, int port) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// main's steps, in order.
+
+// glibc's malloc tuned for message-sized blocks.
+void TuneMalloc() {
   // gRPC allocates each received message (up to --max_message_bytes, 1 MiB chunks in
   // transfers) with malloc; glibc's default serves those from fresh mmaps and trims freed
   // heap eagerly, so every chunk paid its page faults again. Tensors have their own mappings
@@ -407,12 +410,10 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 128 << 20);
 #endif
-  ConfigureUsage();
-  if (AsksForHelp(argc, argv)) {
-    std::cout << ServerHelp();
-    return 0;
-  }
-  absl::ParseCommandLine(argc, argv);
+}
+
+// --deadlock_detection; false (after saying why) for a value that is not one.
+bool SetDeadlockDetection() {
   // Debian builds Abseil without NDEBUG, which leaves Mutex deadlock detection on: a global
   // lock-order graph updated on every lock. The flag decides, before any thread starts.
   const std::string deadlock_detection = absl::GetFlag(FLAGS_deadlock_detection);
@@ -425,16 +426,20 @@ int main(int argc, char** argv) {
   } else {
     std::fprintf(stderr, "tessera-server: --deadlock_detection is \"%s\"; use abort, log or off\n",
                  deadlock_detection.c_str());
-    return 2;
+    return false;
   }
+  return true;
+}
 
-  if (absl::Status s = InstallSignalHandlers(); !s.ok()) return Fail(s);
+// Signal handlers, the umask, logging (ours, gRPC's and protobuf's).
+absl::Status StartProcess() {
+  if (absl::Status s = InstallSignalHandlers(); !s.ok()) return s;
   umask(077);  // state files hold credentials (hashes) and the admin token
 
   if (absl::Status s =
           tessera::InitLogging(absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
       !s.ok()) {
-    return Fail(s);
+    return s;
   }
 
   gpr_set_log_function(LogFromGrpc);
@@ -443,6 +448,11 @@ int main(int argc, char** argv) {
   tessera::RouteProtobufLogging(10);
   spdlog::info("allocator: {}", Allocator());
 
+  return absl::OkStatus();
+}
+
+// The server's options from the flags.
+absl::StatusOr<tessera::ServerOptions> OptionsFromFlags() {
   tessera::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
@@ -478,8 +488,8 @@ int main(int argc, char** argv) {
   options.backend.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.backend.cpu_worker_nice = absl::GetFlag(FLAGS_cpu_worker_nice);
   if (options.backend.cpu_worker_nice < 0 || options.backend.cpu_worker_nice > 19) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--cpu_worker_nice is ", options.backend.cpu_worker_nice, "; the range is 0..19")));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cpu_worker_nice is ", options.backend.cpu_worker_nice, "; the range is 0..19"));
   }
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
@@ -498,16 +508,16 @@ int main(int argc, char** argv) {
     (void)ignored;
   };
 
-  absl::StatusOr<std::unique_ptr<tessera::Server>> server =
-      tessera::Server::Create(std::move(options));
-  if (!server.ok()) return Fail(server.status());
-  if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
+  return options;
+}
 
+// The banner (stdout; logs go to stderr): where the server listens and how to try it.
+void PrintBanner(const tessera::Server& server) {
   // The banner goes to stdout (logs go to stderr); tests wait for its first line.
-  const tessera::AdminCredential& admin = (*server)->admin_credential();
-  std::string address = GrpcurlHost(absl::GetFlag(FLAGS_listen), (*server)->port());
+  const tessera::AdminCredential& admin = server.admin_credential();
+  std::string address = GrpcurlHost(absl::GetFlag(FLAGS_listen), server.port());
   bool from_file = admin.source != "$TESSERA_ADMIN_TOKEN";
-  std::string security = (*server)->transport_security() == "insecure"
+  std::string security = server.transport_security() == "insecure"
                              ? "-plaintext"
                              : "-cacert CA.pem";  // the operator knows their CA
   const std::string token_arg =
@@ -516,18 +526,18 @@ int main(int argc, char** argv) {
       absl::StrCat("grpcurl ", security, " -H \"authorization: Bearer ", token_arg, "\" ", address,
                    " tessera.v1.TenantAdmin/GetServerInfo");
   if (tessera::LogIsJson()) {
-    tessera::LogEvent(spdlog::level::info,
-                      absl::StrCat("tessera-server listening on ", address, " (",
-                                   (*server)->backend_reason(), ")"),
-                      {{"address", address},
-                       {"backend", (*server)->backend_reason()},
-                       {"admin_token", admin.source},
-                       {"admin_token_generated", admin.created ? "true" : "false"},
-                       {"try", try_command},
-                       {"unix_socket", absl::GetFlag(FLAGS_unix_socket)}});
+    tessera::LogEvent(
+        spdlog::level::info,
+        absl::StrCat("tessera-server listening on ", address, " (", server.backend_reason(), ")"),
+        {{"address", address},
+         {"backend", server.backend_reason()},
+         {"admin_token", admin.source},
+         {"admin_token_generated", admin.created ? "true" : "false"},
+         {"try", try_command},
+         {"unix_socket", absl::GetFlag(FLAGS_unix_socket)}});
     spdlog::default_logger()->flush();
   } else {
-    std::cout << "tessera-server listening on " << address << " (" << (*server)->backend_reason()
+    std::cout << "tessera-server listening on " << address << " (" << server.backend_reason()
               << ")\n"
               << "admin token: " << admin.source << (admin.created ? " (generated now)" : "")
               << "\n"
@@ -539,10 +549,14 @@ int main(int argc, char** argv) {
                 << std::endl;
     }
   }
+}
 
+// Ready for systemd; serves until a signal or a fatal backend error; the exit code.
+int ServeUntilSignal(tessera::Server& server) {
+  const std::string address = GrpcurlHost(absl::GetFlag(FLAGS_listen), server.port());
   // Under systemd (Type=notify): ready only now that the port serves.
   tessera::NotifyServiceManager(
-      absl::StrCat("READY=1\nSTATUS=serving on ", address, " (", (*server)->backend_reason(), ")"));
+      absl::StrCat("READY=1\nSTATUS=serving on ", address, " (", server.backend_reason(), ")"));
 
   int signal_number = WaitForShutdownSignal();
   if (signal_number == kBackendFatal) {
@@ -552,12 +566,32 @@ int main(int argc, char** argv) {
     spdlog::critical("shutting down after a fatal backend error; exit {} for a restart",
                      kBackendFatalExit);
     tessera::NotifyServiceManager("STOPPING=1\nSTATUS=restarting after a fatal GPU fault");
-    (*server)->Shutdown();
+    server.Shutdown();
     spdlog::default_logger()->flush();
     return kBackendFatalExit;
   }
   spdlog::info("received {}; shutting down", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
   tessera::NotifyServiceManager("STOPPING=1\nSTATUS=shutting down");
-  (*server)->Shutdown();
+  server.Shutdown();
   return 0;
+}
+
+int main(int argc, char** argv) {
+  TuneMalloc();
+  ConfigureUsage();
+  if (AsksForHelp(argc, argv)) {
+    std::cout << ServerHelp();
+    return 0;
+  }
+  absl::ParseCommandLine(argc, argv);
+  if (!SetDeadlockDetection()) return 2;
+  if (absl::Status s = StartProcess(); !s.ok()) return Fail(s);
+  absl::StatusOr<tessera::ServerOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
+  absl::StatusOr<std::unique_ptr<tessera::Server>> server =
+      tessera::Server::Create(*std::move(options));
+  if (!server.ok()) return Fail(server.status());
+  if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
+  PrintBanner(**server);
+  return ServeUntilSignal(**server);
 }

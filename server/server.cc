@@ -103,6 +103,22 @@ Server::Server(ServerOptions options) : options_(std::move(options)) {}
 Server::~Server() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  if (options.admin_token_file.empty()) {
+    options.admin_token_file = options.state_dir + "/admin.token";
+  }
+  std::unique_ptr<Server> server(new Server(std::move(options)));
+  server->transport_security_ = server->options_.tls_cert.empty()
+                                    ? "insecure"
+                                    : (server->options_.tls_client_ca.empty() ? "tls" : "mtls");
+  RETURN_IF_ERROR(server->OpenState());
+  RETURN_IF_ERROR(server->StartBackend());
+  RETURN_IF_ERROR(server->RestoreTenants());
+  RETURN_IF_ERROR(server->BuildServices());
+  return server;
+}
+
+absl::Status Server::CheckOptions(const ServerOptions& options) {
   if (options.max_message_bytes < kMinMessageBytes ||
       options.max_message_bytes > kMaxMessageBytes) {
     return absl::InvalidArgumentError(
@@ -122,102 +138,102 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_kernels_per_tenant=", options.max_kernels_per_tenant, ": the range is 1..10000"));
   }
-  if (options.admin_token_file.empty()) {
-    options.admin_token_file = options.state_dir + "/admin.token";
-  }
+  return absl::OkStatus();
+}
 
-  std::unique_ptr<Server> server(new Server(std::move(options)));
-  const ServerOptions& opts = server->options_;
-  server->transport_security_ =
-      opts.tls_cert.empty() ? "insecure" : (opts.tls_client_ca.empty() ? "tls" : "mtls");
+absl::Status Server::OpenState() {
+  ASSIGN_OR_RETURN(state_dir_, StateDir::Open(options_.state_dir));
+  ASSIGN_OR_RETURN(admin_,
+                   LoadOrCreateAdminToken(options_.admin_token_file, options_.admin_token_env));
+  if (!admin_.warning.empty()) spdlog::warn("{}", admin_.warning);
+  return absl::OkStatus();
+}
 
-  ASSIGN_OR_RETURN(server->state_dir_, StateDir::Open(opts.state_dir));
-  ASSIGN_OR_RETURN(server->admin_,
-                   LoadOrCreateAdminToken(opts.admin_token_file, opts.admin_token_env));
-  if (!server->admin_.warning.empty()) spdlog::warn("{}", server->admin_.warning);
-
+absl::Status Server::StartBackend() {
   // --mps_manage: the daemon must run, and CUDA_MPS_PIPE_DIRECTORY name it, before the
   // backend initializes the driver, which joins a daemon only then (server/mps/manager.h).
-  MpsOpsOptions mps_ops = opts.mps_ops;
-  if (mps_ops.base_directory.empty()) mps_ops.base_directory = server->state_dir_->File("mps");
-  server->mps_ = std::make_unique<MpsOps>(std::move(mps_ops));
-  RETURN_IF_ERROR(server->mps_->StartBeforeDriver(
-      opts.backend.backend, opts.backend.mps,
-      opts.mps_ops.manage && opts.backend.backend != "cpu" && CudaDriverPresent()));
+  MpsOpsOptions mps_ops = options_.mps_ops;
+  if (mps_ops.base_directory.empty()) mps_ops.base_directory = state_dir_->File("mps");
+  mps_ = std::make_unique<MpsOps>(std::move(mps_ops));
+  RETURN_IF_ERROR(mps_->StartBeforeDriver(
+      options_.backend.backend, options_.backend.mps,
+      options_.mps_ops.manage && options_.backend.backend != "cpu" && CudaDriverPresent()));
 
-  BackendOptions backend_options = opts.backend;
+  BackendOptions backend_options = options_.backend;
   if (backend_options.kernel_cache_dir.empty()) {
-    backend_options.kernel_cache_dir = server->state_dir_->File("kernel-cache");
+    backend_options.kernel_cache_dir = state_dir_->File("kernel-cache");
   }
   ASSIGN_OR_RETURN(BackendChoice choice, SelectBackend(backend_options));
-  server->backend_ = std::move(choice.backend);
-  server->backend_reason_ = std::move(choice.reason);
-  if (server->options_.on_backend_fatal) {
-    server->backend_->SetFatalHandler(server->options_.on_backend_fatal);
+  backend_ = std::move(choice.backend);
+  backend_reason_ = std::move(choice.reason);
+  if (options_.on_backend_fatal) {
+    backend_->SetFatalHandler(options_.on_backend_fatal);
   }
-  spdlog::info("backend {}: {}", server->backend_->name(), server->backend_reason_);
-  for (const DeviceInfo& d : server->backend_->devices()) {
+  spdlog::info("backend {}: {}", backend_->name(), backend_reason_);
+  for (const DeviceInfo& d : backend_->devices()) {
     spdlog::info("device {}: {}, {}", d.index, d.name, FormatBytes(d.memory_bytes));
   }
-  spdlog::info("mps: {}", server->backend_->mps().reason);
-  if (server->backend_->name() == "cpu") server->mps_->NotNeeded(server->backend_reason_);
+  spdlog::info("mps: {}", backend_->mps().reason);
+  if (backend_->name() == "cpu") mps_->NotNeeded(backend_reason_);
+  return absl::OkStatus();
+}
 
-  ASSIGN_OR_RETURN(server->store_, TenantStore::Open(server->state_dir_->File("tenants.db")));
-  if (!opts.fleet.etcd.empty()) RETURN_IF_ERROR(server->JoinFleet());
-  ASSIGN_OR_RETURN(server->tenants_,
-                   TenantTable::Create({.memory_overcommit = opts.memory_overcommit,
-                                        .device_in_flight = opts.device_in_flight,
-                                        .max_kernels_per_tenant = opts.max_kernels_per_tenant,
-                                        .directory = server->fleet_.get()},
-                                       server->store_.get(), server->backend_.get()));
-  spdlog::info("restored {} tenant(s) from {}", server->tenants_->size(),
-               server->state_dir_->File("tenants.db"));
-  if (server->mps_->managed()) {
+absl::Status Server::RestoreTenants() {
+  ASSIGN_OR_RETURN(store_, TenantStore::Open(state_dir_->File("tenants.db")));
+  if (!options_.fleet.etcd.empty()) RETURN_IF_ERROR(JoinFleet());
+  ASSIGN_OR_RETURN(tenants_,
+                   TenantTable::Create({.memory_overcommit = options_.memory_overcommit,
+                                        .device_in_flight = options_.device_in_flight,
+                                        .max_kernels_per_tenant = options_.max_kernels_per_tenant,
+                                        .directory = fleet_.get()},
+                                       store_.get(), backend_.get()));
+  spdlog::info("restored {} tenant(s) from {}", tenants_->size(), state_dir_->File("tenants.db"));
+  if (mps_->managed()) {
     // Keeps the report's tenant count and notices a daemon that died.
-    server->mps_->Reconcile(server->tenants_->TenantsPerDevice());
-    server->mps_monitor_ = std::thread([s = server.get()] {
+    mps_->Reconcile(tenants_->TenantsPerDevice());
+    mps_monitor_ = std::thread([s = this] {
       while (!s->stop_mps_monitor_.WaitForNotificationWithTimeout(absl::Seconds(2))) {
         s->mps_->Reconcile(s->tenants_->TenantsPerDevice());
       }
     });
   }
+  return absl::OkStatus();
+}
 
-  server->authenticator_ = std::make_unique<Authenticator>(
-      server->admin_.hash, server->tenants_.get(), server->fleet_.get());
-  server->mutations_ = std::make_unique<SerialExecutor>("admin mutations", kMaxPendingMutations);
-  server->admin_service_ = std::make_unique<TenantAdminService>(
-      server->tenants_.get(), server->backend_.get(), server->authenticator_.get(),
-      server->mutations_.get(),
+absl::Status Server::BuildServices() {
+  authenticator_ = std::make_unique<Authenticator>(admin_.hash, tenants_.get(), fleet_.get());
+  mutations_ = std::make_unique<SerialExecutor>("admin mutations", kMaxPendingMutations);
+  admin_service_ = std::make_unique<TenantAdminService>(
+      tenants_.get(), backend_.get(), authenticator_.get(), mutations_.get(),
       ServerFacts{
           .version = std::string(TesseraVersion()),
-          .backend_reason = server->backend_reason_,
-          .transport_security = server->transport_security_,
-          .memory_overcommit = opts.memory_overcommit,
+          .backend_reason = backend_reason_,
+          .transport_security = transport_security_,
+          .memory_overcommit = options_.memory_overcommit,
           .start_time = absl::Now(),
-          .directory = server->fleet_.get(),
-          .placement = opts.fleet.placement == "pack" ? Placement::kPack : Placement::kSpread},
-      server->mps_.get());
-  RETURN_IF_ERROR(CheckAccessLogOptions(opts.access_log));
-  ASSIGN_OR_RETURN(TenantLabel tenant_label, ParseTenantLabel(opts.metrics_tenant_label));
-  server->metrics_ = std::make_unique<Metrics>(server->tenants_.get(), server->backend_.get(),
-                                               tenant_label, TesseraBuild());
-  telemetry::SetSink(server->metrics_.get());
-  if (!opts.metrics.listen.empty()) {
-    ASSIGN_OR_RETURN(server->metrics_http_,
-                     MetricsServer::Start(opts.metrics, server->metrics_.get()));
-    spdlog::info("metrics on {}://{}/metrics ({})", server->metrics_http_->scheme(),
-                 server->metrics_http_->address(),
-                 !opts.metrics.tls_client_ca.empty() ? "client certificates required"
-                 : !opts.metrics.token_file.empty()  ? "bearer token required"
-                                                     : "loopback only, no token");
+          .directory = fleet_.get(),
+          .placement = options_.fleet.placement == "pack" ? Placement::kPack : Placement::kSpread},
+      mps_.get());
+  RETURN_IF_ERROR(CheckAccessLogOptions(options_.access_log));
+  ASSIGN_OR_RETURN(TenantLabel tenant_label, ParseTenantLabel(options_.metrics_tenant_label));
+  metrics_ =
+      std::make_unique<Metrics>(tenants_.get(), backend_.get(), tenant_label, TesseraBuild());
+  telemetry::SetSink(metrics_.get());
+  if (!options_.metrics.listen.empty()) {
+    ASSIGN_OR_RETURN(metrics_http_, MetricsServer::Start(options_.metrics, metrics_.get()));
+    spdlog::info("metrics on {}://{}/metrics ({})", metrics_http_->scheme(),
+                 metrics_http_->address(),
+                 !options_.metrics.tls_client_ca.empty() ? "client certificates required"
+                 : !options_.metrics.token_file.empty()  ? "bearer token required"
+                                                         : "loopback only, no token");
   }
-  if (!opts.unix_socket.empty()) server->region_tickets_ = std::make_unique<RegionTickets>();
-  server->compute_service_ = std::make_unique<ComputeService>(
-      server->authenticator_.get(), server->tenants_.get(), opts.max_message_bytes,
-      server->region_tickets_.get(), server->region_socket_path(),
-      ForwardOptions{.node_name = server->fleet_ != nullptr ? server->fleet_->node_name() : "",
-                     .forward = opts.fleet.forward && opts.tls_cert.empty()});
-  return server;
+  if (!options_.unix_socket.empty()) region_tickets_ = std::make_unique<RegionTickets>();
+  compute_service_ = std::make_unique<ComputeService>(
+      authenticator_.get(), tenants_.get(), options_.max_message_bytes, region_tickets_.get(),
+      region_socket_path(),
+      ForwardOptions{.node_name = fleet_ != nullptr ? fleet_->node_name() : "",
+                     .forward = options_.fleet.forward && options_.tls_cert.empty()});
+  return absl::OkStatus();
 }
 
 absl::Status Server::Start() {

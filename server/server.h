@@ -136,6 +136,18 @@ class Server {
   size_t tenant_count() const;
 
  private:
+  // Create's steps, in order.
+  /// The flags' ranges (INVALID_ARGUMENT naming the flag).
+  static absl::Status CheckOptions(const ServerOptions& options);
+  /// Locks the state directory and loads (or creates) the admin token.
+  absl::Status OpenState();
+  /// Starts managed MPS daemons (before the driver initializes), then picks the backend.
+  absl::Status StartBackend();
+  /// Opens the store, joins the fleet, restores the tenants and their contexts, and starts
+  /// the MPS monitor.
+  absl::Status RestoreTenants();
+  /// The authenticator, the admin and compute services, metrics.
+  absl::Status BuildServices();
   /// --fleet_etcd: joins the fleet (fleet_) before the tenant table exists.
   absl::Status JoinFleet();
   explicit Server(ServerOptions options);

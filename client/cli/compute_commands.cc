@@ -22,7 +22,7 @@
 #include "client/cli/parse.h"
 #include "client/cli/session.h"
 #include "client/cli/transfer.h"
-#include "server/common/fd_io.h"
+#include "common/fd_io.h"
 #include "tessera/npy.h"
 
 namespace tessera::cli {

@@ -15,13 +15,13 @@
 #include "absl/time/time.h"
 #include "google/protobuf/map.h"
 
-#include "server/common/byte_size.h"
+#include "common/byte_size.h"
 #include "tessera/v1/compute.pb.h"
 #include "tessera/v1/tenant_admin.pb.h"
 
 namespace tessera::cli {
 
-// Sizes: the server's parser (server/common/byte_size.h), so the CLI and tessera-server's
+// Sizes: the server's parser (common/byte_size.h), so the CLI and tessera-server's
 // flags read "2G" and "2Gi" alike.
 using ::tessera::kSizeSyntax;
 using ::tessera::ParseSize;

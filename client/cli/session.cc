@@ -17,7 +17,7 @@
 #include "google/protobuf/util/json_util.h"
 
 #include "client/cli/format.h"
-#include "server/common/fd_io.h"
+#include "common/fd_io.h"
 
 namespace tessera::cli {
 

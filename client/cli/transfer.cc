@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 
-#include "server/common/fd_io.h"
+#include "common/fd_io.h"
 #include "tessera/client.h"
 
 // Client::Upload and Client::Download take and return the whole tensor as one string: for a

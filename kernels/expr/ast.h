@@ -96,11 +96,14 @@ enum class NodeKind : uint8_t {
   kCount,    // reduction post-expression only: elements reduced (kI64)
 };
 
-enum class UnaryOp : uint8_t { kNeg, kNot };
+/// kBitNot: `~`, on kI64 only.
+enum class UnaryOp : uint8_t { kNeg, kNot, kBitNot };
 
 /// Arithmetic on kI64/kF32/kF64 (both sides already of `type`, casts inserted by the
 /// checker); comparisons give kBool from two operands of one type; kAnd/kOr on kBool.
-/// kMod: C's truncated remainder for integers, fmod for floats.
+/// kMod: C's truncated remainder for integers, fmod for floats. The bit operations kBitAnd ..
+/// kShr are on kI64 only; shifts are total (semantics.h: a count outside 0..63 shifts every
+/// bit out).
 enum class BinaryOp : uint8_t {
   kAdd,
   kSub,
@@ -115,10 +118,17 @@ enum class BinaryOp : uint8_t {
   kNe,
   kAnd,
   kOr,
+  kBitAnd,
+  kBitOr,
+  kBitXor,
+  kShl,
+  kShr,
 };
 
-/// The catalog's math functions; kAbs..kTanh take one argument, kPow..kMinimum two. All on
-/// floats except kAbs, kMaximum, kMinimum, which also take kI64.
+/// The math functions (docs/kernels.md, "Functions"); FuncArity says which take two arguments.
+/// All on floats except kAbs, kMaximum, kMinimum, which also take kI64. The predicates kIsnan,
+/// kIsinf, kIsfinite take a float and give kBool (IsPredicate); every other call has its
+/// arguments' type.
 enum class Func : uint8_t {
   kAbs,
   kExp,
@@ -132,7 +142,57 @@ enum class Func : uint8_t {
   kPow,
   kMaximum,
   kMinimum,
+  kSin,
+  kCos,
+  kTan,
+  kArcsin,
+  kArccos,
+  kArctan,
+  kSinh,
+  kCosh,
+  kArcsinh,
+  kArccosh,
+  kArctanh,
+  kLog10,
+  kLog2,
+  kLog1p,
+  kExp2,
+  kExpm1,
+  kCbrt,
+  kCeil,
+  kFloor,
+  kTrunc,
+  kRound,  // half to even (numpy's rint)
+  kIsnan,
+  kIsinf,
+  kIsfinite,
+  kArctan2,  // arctan2(y, x)
+  kHypot,
+  kCopysign,
 };
+
+/// The last Func value.
+inline constexpr Func kLastFunc = Func::kCopysign;
+
+/// How many arguments `f` takes: 1 or 2.
+constexpr int FuncArity(Func f) {
+  switch (f) {
+    case Func::kPow:
+    case Func::kMaximum:
+    case Func::kMinimum:
+    case Func::kArctan2:
+    case Func::kHypot:
+    case Func::kCopysign:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+/// Whether `f` is a predicate: a float argument, a kBool result.
+constexpr bool IsPredicate(Func f) {
+  return f == Func::kIsnan || f == Func::kIsinf || f == Func::kIsfinite;
+}
 
 enum class Combine : uint8_t { kSum, kProd, kMin, kMax, kArgmin, kArgmax };
 

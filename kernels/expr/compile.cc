@@ -150,6 +150,7 @@ class Checker {
   int32_t Coerce(Value v, Type to);
   Value Unary(const Token& op, Value v);
   Value Binary(const Token& op, Value a, Value b);
+  Value BitOperation(const Token& op, Node node, Value a, Value b);
   Value Math(const Function& f, const Token& name, const std::vector<Value>& args);
   Value Where(const Token& name, const std::vector<Value>& args,
               const std::vector<const Token*>& starts);
@@ -410,8 +411,10 @@ bool Checker::Enter(const Token& paren) {
 }
 
 Value Checker::ParseBinary(int level) {
+  // C's precedence, loosest first.
   static constexpr absl::string_view kLevels[][4] = {
-      {"||"}, {"&&"}, {"==", "!="}, {"<", "<=", ">", ">="}, {"+", "-"}, {"*", "/", "%"}};
+      {"||"},       {"&&"},     {"|"},          {"^"}, {"&"}, {"==", "!="}, {"<", "<=", ">", ">="},
+      {"<<", ">>"}, {"+", "-"}, {"*", "/", "%"}};
   constexpr int kLast = static_cast<int>(std::size(kLevels)) - 1;
   auto operand = [&] { return level == kLast ? ParseUnary() : ParseBinary(level + 1); };
   Value lhs = operand();
@@ -433,7 +436,9 @@ Value Checker::ParseBinary(int level) {
 // Prefix operators are collected in a loop, so a long run of them cannot exhaust the stack.
 Value Checker::ParseUnary() {
   std::vector<const Token*> ops;
-  while (IsPunct(Peek(), "-") || IsPunct(Peek(), "!")) ops.push_back(&Take());
+  while (IsPunct(Peek(), "-") || IsPunct(Peek(), "!") || IsPunct(Peek(), "~")) {
+    ops.push_back(&Take());
+  }
   Value v = ParsePrimary();
   for (auto op = ops.rbegin(); op != ops.rend() && !failed(); ++op) v = Unary(**op, v);
   return failed() ? Value{} : v;
@@ -714,6 +719,17 @@ Value Checker::Unary(const Token& op, Value v) {
     Node node{.kind = NodeKind::kUnary, .type = n.type, .op = U8(UnaryOp::kNeg), .args = {v.slot}};
     return Value{Add(std::move(node), op), v.weak};
   }
+  if (op.text == "~") {
+    if (n.type != Type::kI64) {
+      return Fail(op, absl::StrCat("operator ~ needs an integer, found ", TypeName(n.type),
+                                   n.type == Type::kBool ? "; use ! to negate a bool"
+                                                         : "; convert with int(...) first"));
+    }
+    if (n.kind == NodeKind::kConst) return Constant(n.type, ~n.i, 0, v.weak, op);
+    Node node{
+        .kind = NodeKind::kUnary, .type = n.type, .op = U8(UnaryOp::kBitNot), .args = {v.slot}};
+    return Value{Add(std::move(node), op), v.weak};
+  }
   if (n.type != Type::kBool) {
     return Fail(op, absl::StrCat("operator ! needs a bool, found ", TypeName(n.type),
                                  "; compare it instead (x == 0)"));
@@ -726,10 +742,12 @@ Value Checker::Unary(const Token& op, Value v) {
 
 Value Checker::Binary(const Token& op, Value a, Value b) {
   static constexpr std::pair<absl::string_view, BinaryOp> kOps[] = {
-      {"+", BinaryOp::kAdd}, {"-", BinaryOp::kSub}, {"*", BinaryOp::kMul}, {"/", BinaryOp::kDiv},
-      {"%", BinaryOp::kMod}, {"<", BinaryOp::kLt},  {"<=", BinaryOp::kLe}, {">", BinaryOp::kGt},
-      {">=", BinaryOp::kGe}, {"==", BinaryOp::kEq}, {"!=", BinaryOp::kNe}, {"&&", BinaryOp::kAnd},
-      {"||", BinaryOp::kOr}};
+      {"+", BinaryOp::kAdd},    {"-", BinaryOp::kSub},    {"*", BinaryOp::kMul},
+      {"/", BinaryOp::kDiv},    {"%", BinaryOp::kMod},    {"<", BinaryOp::kLt},
+      {"<=", BinaryOp::kLe},    {">", BinaryOp::kGt},     {">=", BinaryOp::kGe},
+      {"==", BinaryOp::kEq},    {"!=", BinaryOp::kNe},    {"&&", BinaryOp::kAnd},
+      {"||", BinaryOp::kOr},    {"&", BinaryOp::kBitAnd}, {"|", BinaryOp::kBitOr},
+      {"^", BinaryOp::kBitXor}, {"<<", BinaryOp::kShl},   {">>", BinaryOp::kShr}};
   BinaryOp kind = BinaryOp::kAdd;
   for (const auto& [text, value] : kOps) {
     if (text == op.text) kind = value;
@@ -742,6 +760,7 @@ Value Checker::Binary(const Token& op, Value a, Value b) {
   const bool bools = ta == Type::kBool && tb == Type::kBool;
   const bool numbers = ta != Type::kBool && tb != Type::kBool;
   Node node{.kind = NodeKind::kBinary, .op = U8(kind)};
+  if (kind >= BinaryOp::kBitAnd) return BitOperation(op, node, a, b);
   if (logical) {
     if (!bools) {
       return Fail(op, absl::StrCat("operator ", op.text, " needs bools, ", found,
@@ -771,6 +790,29 @@ Value Checker::Binary(const Token& op, Value a, Value b) {
   return Value{Add(std::move(node), op), comparison ? false : j.weak};
 }
 
+// & | ^ << >>: integers only (i64, weak if both are); no conversion from floats or bools.
+Value Checker::BitOperation(const Token& op, Node node, Value a, Value b) {
+  const Type ta = TypeOf(a), tb = TypeOf(b);
+  if (ta != Type::kI64 || tb != Type::kI64) {
+    std::string hint = "; convert a float with int(...) (truncates toward zero)";
+    if (ta == Type::kBool && tb == Type::kBool) {
+      hint = op.text == "&" || op.text == "|" ? absl::StrCat("; for bools use ", op.text, op.text)
+                                              : "; for bools use !=";
+    } else if (op.text == "<<" || op.text == ">>") {
+      hint = ta == Type::kBool || tb == Type::kBool ? "; convert a bool with int(...)" : hint;
+    } else if (ta == Type::kBool || tb == Type::kBool) {
+      hint = absl::StrCat("; convert a bool with int(...); note that ", op.text,
+                          " binds more loosely than comparisons, as in C: write (x ", op.text,
+                          " 1) == 0");
+    }
+    return Fail(op, absl::StrCat("operator ", op.text, " needs integers, found ", TypeName(ta),
+                                 " and ", TypeName(tb), hint));
+  }
+  node.type = Type::kI64;
+  node.args = {a.slot, b.slot};
+  return Value{Add(std::move(node), op), a.weak && b.weak};
+}
+
 Value Checker::Math(const Function& f, const Token& name, const std::vector<Value>& args) {
   const Func func = static_cast<Func>(f.op);
   for (Value a : args) {
@@ -787,9 +829,11 @@ Value Checker::Math(const Function& f, const Token& name, const std::vector<Valu
   const bool keeps_integers =
       func == Func::kAbs || func == Func::kMaximum || func == Func::kMinimum;
   if (j.type == Type::kI64 && !keeps_integers) j.type = j.weak ? Type::kF64 : Type::kF32;
-  Node node{.kind = NodeKind::kCall, .type = j.type, .op = f.op};
+  // A predicate (isnan, isinf, isfinite) tests its argument as a float and gives a strong bool.
+  const bool predicate = IsPredicate(func);
+  Node node{.kind = NodeKind::kCall, .type = predicate ? Type::kBool : j.type, .op = f.op};
   for (Value a : args) node.args.push_back(Coerce(a, j.type));
-  return Value{Add(std::move(node), name), j.weak};
+  return Value{Add(std::move(node), name), !predicate && j.weak};
 }
 
 Value Checker::Where(const Token& name, const std::vector<Value>& args,

@@ -106,7 +106,7 @@ int Arity(const Node& n) {
     case NodeKind::kWhere:
       return 3;
     case NodeKind::kCall:
-      return static_cast<Func>(n.op) >= Func::kPow ? 2 : 1;
+      return FuncArity(static_cast<Func>(n.op));
     default:
       return 0;
   }
@@ -150,12 +150,15 @@ absl::Status CheckNode(const Program& p, size_t i, Part part) {
     case NodeKind::kConst:
       break;
     case NodeKind::kUnary:
-    case NodeKind::kCall:
+    case NodeKind::kCall: {
+      // A predicate (isnan, ...) has a float operand and a bool result (SelectInstr checks).
+      const bool predicate = n.kind == NodeKind::kCall && IsPredicate(static_cast<Func>(n.op));
       for (size_t k = 0; k < n.args.size(); ++k) {
-        if (arg_type(static_cast<int>(k)) != n.type)
+        if (arg_type(static_cast<int>(k)) != (predicate ? arg_type(0) : n.type))
           return NodeError(p, i, "has mistyped operands");
       }
       break;
+    }
     case NodeKind::kBinary: {
       const auto op = static_cast<BinaryOp>(n.op);
       const bool compare = op >= BinaryOp::kLt && op <= BinaryOp::kNe;
@@ -404,6 +407,25 @@ void LoadScalars(const std::vector<BoundLoad>& loads, int64_t chunk, Scratch& sc
   }
 }
 
+/// Runs `unit` over elements [begin, end) of `space`, a chunk at a time, in a task's own
+/// registers: the prologue and the scalar loads once, then per chunk the loads, the body, and
+/// `use_chunk(scratch, p, m)`, which takes the results of elements [p, p + m) from `scratch`.
+template <typename UseChunk>
+void RunChunks(const Unit& unit, const Space& space, const std::vector<BoundLoad>& loads,
+               const std::vector<uint64_t>& cells, int64_t begin, int64_t end,
+               UseChunk&& use_chunk) {
+  Scratch scratch(unit);
+  const vm::Frame frame = scratch.FrameWith(cells);
+  Exec(unit.prologue, frame, unit.chunk);
+  LoadScalars(loads, unit.chunk, scratch);
+  for (int64_t p = begin; p < end; p += unit.chunk) {
+    const int64_t m = std::min(unit.chunk, end - p);
+    for (const BoundLoad& l : loads) LoadChunk(l, space.dims, p, m, scratch);
+    Exec(unit.body, frame, m);
+    use_chunk(scratch, p, m);
+  }
+}
+
 /// Broadcast strides (0 where broadcast) of each input over `shape`.
 std::vector<std::vector<int64_t>> BroadcastStrides(const Shape& shape,
                                                    const std::vector<Shape>& ins) {
@@ -637,18 +659,12 @@ absl::Status CompiledProgram::RunElementwise(const Plan& plan,
 
   // Step 2: tasks of whole chunks; per chunk: load, compute, store.
   parallel.For(n, main_.task_elements, [&](int64_t begin, int64_t end) {
-    Scratch scratch(main_);
-    const vm::Frame frame = scratch.FrameWith(cells);
-    Exec(main_.prologue, frame, main_.chunk);
-    LoadScalars(loads, main_.chunk, scratch);
-    for (int64_t p = begin; p < end; p += main_.chunk) {
-      const int64_t m = std::min(main_.chunk, end - p);
-      for (const BoundLoad& l : loads) LoadChunk(l, space.dims, p, m, scratch);
-      Exec(main_.body, frame, m);
-      for (size_t k = 0; k < outputs.size(); ++k) {
-        stores_[k](scratch.Current(main_.results[k]), outputs[k], p, m);
-      }
-    }
+    RunChunks(main_, space, loads, cells, begin, end,
+              [&](const Scratch& scratch, int64_t p, int64_t m) {
+                for (size_t k = 0; k < outputs.size(); ++k) {
+                  stores_[k](scratch.Current(main_.results[k]), outputs[k], p, m);
+                }
+              });
   });
   return absl::OkStatus();
 }
@@ -712,23 +728,17 @@ absl::Status CompiledProgram::RunReduction(const Plan& plan, const std::vector<c
 
   // Folds elements [begin, end) of the space into accs[k - first_kept] for kept element k.
   auto map = [&](int64_t begin, int64_t end, vm::Acc* accs, int64_t first_kept) {
-    Scratch scratch(main_);
-    const vm::Frame frame = scratch.FrameWith(map_cells);
-    Exec(main_.prologue, frame, main_.chunk);
-    LoadScalars(loads, main_.chunk, scratch);
-    for (int64_t p = begin; p < end; p += main_.chunk) {
-      const int64_t m = std::min(main_.chunk, end - p);
-      for (const BoundLoad& l : loads) LoadChunk(l, space.dims, p, m, scratch);
-      Exec(main_.body, frame, m);
-      const char* values = static_cast<const char*>(scratch.Current(main_.results[0]));
-      for (int64_t q = p; q < p + m;) {  // one run per kept element
-        const int64_t k = q / count;
-        const int64_t r = q % count;
-        const int64_t run = std::min(count - r, p + m - q);
-        fold.run(values + (q - p) * value_bytes, run, r, accs[k - first_kept]);
-        q += run;
-      }
-    }
+    RunChunks(main_, space, loads, map_cells, begin, end,
+              [&](const Scratch& scratch, int64_t p, int64_t m) {
+                const char* values = static_cast<const char*>(scratch.Current(main_.results[0]));
+                for (int64_t q = p; q < p + m;) {  // one run per kept element
+                  const int64_t k = q / count;
+                  const int64_t r = q % count;
+                  const int64_t run = std::min(count - r, p + m - q);
+                  fold.run(values + (q - p) * value_bytes, run, r, accs[k - first_kept]);
+                  q += run;
+                }
+              });
   };
   // Evaluates the post-expression of kept elements [begin, end) and stores them.
   auto finish = [&](int64_t begin, int64_t end, const vm::Acc* accs) {

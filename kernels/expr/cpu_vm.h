@@ -425,6 +425,93 @@ struct MinimumOp {
     return Select((a != a) | (a < b), a, b);
   }
 };
+// The C library's functions, element by element (the CUDA path calls CUDA's of the same
+// names); kernels/accuracy.h bounds both.
+#define TESSERA_EXPR_LIBM_OP(Name, function) \
+  struct Name {                              \
+    template <typename T>                    \
+    static T Apply(T x) {                    \
+      return std::function(x);               \
+    }                                        \
+  }
+TESSERA_EXPR_LIBM_OP(SinOp, sin);
+TESSERA_EXPR_LIBM_OP(CosOp, cos);
+TESSERA_EXPR_LIBM_OP(TanOp, tan);
+TESSERA_EXPR_LIBM_OP(ArcsinOp, asin);
+TESSERA_EXPR_LIBM_OP(ArccosOp, acos);
+TESSERA_EXPR_LIBM_OP(ArctanOp, atan);
+TESSERA_EXPR_LIBM_OP(SinhOp, sinh);
+TESSERA_EXPR_LIBM_OP(CoshOp, cosh);
+TESSERA_EXPR_LIBM_OP(ArcsinhOp, asinh);
+TESSERA_EXPR_LIBM_OP(ArccoshOp, acosh);
+TESSERA_EXPR_LIBM_OP(ArctanhOp, atanh);
+TESSERA_EXPR_LIBM_OP(Log10Op, log10);
+TESSERA_EXPR_LIBM_OP(Log2Op, log2);
+TESSERA_EXPR_LIBM_OP(Log1pOp, log1p);
+TESSERA_EXPR_LIBM_OP(Exp2Op, exp2);
+TESSERA_EXPR_LIBM_OP(Expm1Op, expm1);
+TESSERA_EXPR_LIBM_OP(CbrtOp, cbrt);
+TESSERA_EXPR_LIBM_OP(CeilOp, ceil);
+TESSERA_EXPR_LIBM_OP(FloorOp, floor);
+TESSERA_EXPR_LIBM_OP(TruncOp, trunc);
+TESSERA_EXPR_LIBM_OP(RoundOp, rint);  // half to even: the default rounding mode
+#undef TESSERA_EXPR_LIBM_OP
+struct Arctan2Op {
+  template <typename T>
+  static T Apply(T y, T x) {
+    return std::atan2(y, x);
+  }
+};
+struct HypotOp {
+  template <typename T>
+  static T Apply(T a, T b) {
+    return std::hypot(a, b);
+  }
+};
+struct CopysignOp {
+  template <typename T>
+  static T Apply(T a, T b) {
+    return std::copysign(a, b);
+  }
+};
+struct IsnanOp {
+  template <typename T>
+  static uint8_t Apply(T x) {
+    return x != x;
+  }
+};
+struct IsinfOp {
+  template <typename T>
+  static uint8_t Apply(T x) {
+    return std::fabs(x) == std::numeric_limits<T>::infinity();
+  }
+};
+struct IsfiniteOp {  // false for NaN, which compares false
+  template <typename T>
+  static uint8_t Apply(T x) {
+    return std::fabs(x) <= std::numeric_limits<T>::max();
+  }
+};
+// Bit operations on int64_t (semantics.h: shifts are total).
+struct BitNotOp {
+  static int64_t Apply(int64_t x) { return ~x; }
+};
+struct BitAndOp {
+  static int64_t Apply(int64_t a, int64_t b) { return a & b; }
+};
+struct BitOrOp {
+  static int64_t Apply(int64_t a, int64_t b) { return a | b; }
+};
+struct BitXorOp {
+  static int64_t Apply(int64_t a, int64_t b) { return a ^ b; }
+};
+struct ShlOp {
+  static int64_t Apply(int64_t a, int64_t b) { return sem::ShlI64(a, b); }
+};
+struct ShrOp {
+  static int64_t Apply(int64_t a, int64_t b) { return sem::ShrI64(a, b); }
+};
+
 template <typename To>
 struct CastOp {
   template <typename From>
@@ -477,6 +564,16 @@ inline InstrFn FloatLoop(Type type, InstrFn f32, InstrFn f64) {
   return type == Type::kF32 ? f32 : type == Type::kF64 ? f64 : nullptr;
 }
 
+/// An integer-only operation: nullptr unless `type` is kI64.
+inline InstrFn IntLoop(Type type, InstrFn i64) { return type == Type::kI64 ? i64 : nullptr; }
+
+/// A predicate of a float argument of type `arg` into a bool (`type`).
+template <typename Op>
+InstrFn Predicate(Type type, Type arg) {
+  if (type != Type::kBool) return nullptr;
+  return FloatLoop(arg, &UnaryLoop<float, uint8_t, Op>, &UnaryLoop<double, uint8_t, Op>);
+}
+
 /// The loop computing `node` (an operation node) from arguments of type `arg` (its first
 /// argument's type, which differs from the node's for comparisons and casts).
 inline InstrFn SelectInstr(const Node& node, Type arg) {
@@ -487,6 +584,8 @@ inline InstrFn SelectInstr(const Node& node, Type arg) {
           return Unary<NegOp, true>(node.type);
         case UnaryOp::kNot:
           return node.type == Type::kBool ? &UnaryLoop<uint8_t, uint8_t, NotOp> : nullptr;
+        case UnaryOp::kBitNot:
+          return IntLoop(node.type, &UnaryLoop<int64_t, int64_t, BitNotOp>);
       }
       return nullptr;
     case NodeKind::kBinary:
@@ -517,6 +616,16 @@ inline InstrFn SelectInstr(const Node& node, Type arg) {
           return node.type == Type::kBool ? &BinaryLoop<uint8_t, uint8_t, AndOp> : nullptr;
         case BinaryOp::kOr:
           return node.type == Type::kBool ? &BinaryLoop<uint8_t, uint8_t, OrOp> : nullptr;
+        case BinaryOp::kBitAnd:
+          return IntLoop(node.type, &BinaryLoop<int64_t, int64_t, BitAndOp>);
+        case BinaryOp::kBitOr:
+          return IntLoop(node.type, &BinaryLoop<int64_t, int64_t, BitOrOp>);
+        case BinaryOp::kBitXor:
+          return IntLoop(node.type, &BinaryLoop<int64_t, int64_t, BitXorOp>);
+        case BinaryOp::kShl:
+          return IntLoop(node.type, &BinaryLoop<int64_t, int64_t, ShlOp>);
+        case BinaryOp::kShr:
+          return IntLoop(node.type, &BinaryLoop<int64_t, int64_t, ShrOp>);
       }
       return nullptr;
     case NodeKind::kCall:
@@ -545,6 +654,60 @@ inline InstrFn SelectInstr(const Node& node, Type arg) {
           return Binary<MaximumOp, true>(node.type);
         case Func::kMinimum:
           return Binary<MinimumOp, true>(node.type);
+        case Func::kSin:
+          return Unary<SinOp, false>(node.type);
+        case Func::kCos:
+          return Unary<CosOp, false>(node.type);
+        case Func::kTan:
+          return Unary<TanOp, false>(node.type);
+        case Func::kArcsin:
+          return Unary<ArcsinOp, false>(node.type);
+        case Func::kArccos:
+          return Unary<ArccosOp, false>(node.type);
+        case Func::kArctan:
+          return Unary<ArctanOp, false>(node.type);
+        case Func::kSinh:
+          return Unary<SinhOp, false>(node.type);
+        case Func::kCosh:
+          return Unary<CoshOp, false>(node.type);
+        case Func::kArcsinh:
+          return Unary<ArcsinhOp, false>(node.type);
+        case Func::kArccosh:
+          return Unary<ArccoshOp, false>(node.type);
+        case Func::kArctanh:
+          return Unary<ArctanhOp, false>(node.type);
+        case Func::kLog10:
+          return Unary<Log10Op, false>(node.type);
+        case Func::kLog2:
+          return Unary<Log2Op, false>(node.type);
+        case Func::kLog1p:
+          return Unary<Log1pOp, false>(node.type);
+        case Func::kExp2:
+          return Unary<Exp2Op, false>(node.type);
+        case Func::kExpm1:
+          return Unary<Expm1Op, false>(node.type);
+        case Func::kCbrt:
+          return Unary<CbrtOp, false>(node.type);
+        case Func::kCeil:
+          return Unary<CeilOp, false>(node.type);
+        case Func::kFloor:
+          return Unary<FloorOp, false>(node.type);
+        case Func::kTrunc:
+          return Unary<TruncOp, false>(node.type);
+        case Func::kRound:
+          return Unary<RoundOp, false>(node.type);
+        case Func::kIsnan:
+          return Predicate<IsnanOp>(node.type, arg);
+        case Func::kIsinf:
+          return Predicate<IsinfOp>(node.type, arg);
+        case Func::kIsfinite:
+          return Predicate<IsfiniteOp>(node.type, arg);
+        case Func::kArctan2:
+          return Binary<Arctan2Op, false>(node.type);
+        case Func::kHypot:
+          return Binary<HypotOp, false>(node.type);
+        case Func::kCopysign:
+          return Binary<CopysignOp, false>(node.type);
       }
       return nullptr;
     case NodeKind::kWhere:

@@ -120,6 +120,9 @@ absl::Status CheckNode(const Program& program, size_t at, bool reduction) {
         case UnaryOp::kNot:
           if (n.type != Type::kBool || !all_args(Type::kBool)) return mismatch("not");
           return absl::OkStatus();
+        case UnaryOp::kBitNot:
+          if (n.type != Type::kI64 || !all_args(Type::kI64)) return mismatch("bitwise not");
+          return absl::OkStatus();
       }
       return Internal(where, " has unary operator ", n.op);
     case NodeKind::kBinary: {
@@ -145,16 +148,26 @@ absl::Status CheckNode(const Program& program, size_t at, bool reduction) {
         case BinaryOp::kOr:
           if (n.type != Type::kBool || !all_args(Type::kBool)) return mismatch("and/or");
           return absl::OkStatus();
+        case BinaryOp::kBitAnd:
+        case BinaryOp::kBitOr:
+        case BinaryOp::kBitXor:
+        case BinaryOp::kShl:
+        case BinaryOp::kShr:
+          if (n.type != Type::kI64 || !all_args(Type::kI64)) return mismatch("a bit operation");
+          return absl::OkStatus();
       }
       return Internal(where, " has binary operator ", n.op);
     }
     case NodeKind::kCall: {
       const auto f = static_cast<Func>(n.op);
-      if (n.op > static_cast<uint8_t>(Func::kMinimum)) {
+      if (n.op > static_cast<uint8_t>(kLastFunc)) {
         return Internal(where, " calls function ", n.op);
       }
-      const bool two = f == Func::kPow || f == Func::kMaximum || f == Func::kMinimum;
-      if (absl::Status s = args(two ? 2 : 1); !s.ok()) return s;
+      if (absl::Status s = args(static_cast<size_t>(FuncArity(f))); !s.ok()) return s;
+      if (IsPredicate(f)) {  // a float argument, a bool result
+        if (n.type != Type::kBool || !IsFloat(arg_type(0))) return mismatch("a predicate");
+        return absl::OkStatus();
+      }
       const bool ints = f == Func::kAbs || f == Func::kMaximum || f == Func::kMinimum;
       if (!(IsFloat(n.type) || (ints && n.type == Type::kI64)) || !all_args(n.type)) {
         return mismatch("a function call");
@@ -398,6 +411,7 @@ class Emitter {
         return absl::StrCat("(", Arg(n, 0), " ? ", Arg(n, 1), " : ", Arg(n, 2), ")");
       case NodeKind::kUnary:
         if (static_cast<UnaryOp>(n.op) == UnaryOp::kNot) return absl::StrCat("!", Arg(n, 0));
+        if (static_cast<UnaryOp>(n.op) == UnaryOp::kBitNot) return absl::StrCat("~", Arg(n, 0));
         return n.type == Type::kI64 ? absl::StrCat("tk_neg_i64(", Arg(n, 0), ")")
                                     : absl::StrCat("-", Arg(n, 0));
       case NodeKind::kBinary:
@@ -441,15 +455,30 @@ class Emitter {
         return infix("&&");
       case BinaryOp::kOr:
         return infix("||");
+      case BinaryOp::kBitAnd:
+        return infix("&");
+      case BinaryOp::kBitOr:
+        return infix("|");
+      case BinaryOp::kBitXor:
+        return infix("^");
+      case BinaryOp::kShl:
+        return call("tk_shl_i64");
+      case BinaryOp::kShr:
+        return call("tk_shr_i64");
     }
     return a;
   }
 
   std::string Call(const Node& n) const {
     const std::string a = Arg(n, 0);
-    const char* suffix = n.type == Type::kF32 ? "_f32" : n.type == Type::kF64 ? "_f64" : "_i64";
-    const bool f32 = n.type == Type::kF32;
+    // A predicate's type is bool: its argument's type picks the function.
+    const Type t = IsPredicate(static_cast<Func>(n.op)) ? ArgType(n, 0) : n.type;
+    const char* suffix = t == Type::kF32 ? "_f32" : t == Type::kF64 ? "_f64" : "_i64";
+    const bool f32 = t == Type::kF32;
     auto libm = [&](const char* name) { return absl::StrCat(name, f32 ? "f" : "", "(", a, ")"); };
+    auto libm2 = [&](const char* name) {
+      return absl::StrCat(name, f32 ? "f" : "", "(", a, ", ", Arg(n, 1), ")");
+    };
     auto ours = [&](const char* name) { return absl::StrCat("tk_", name, suffix, "(", a, ")"); };
     auto ours2 = [&](const char* name) {
       return absl::StrCat("tk_", name, suffix, "(", a, ", ", Arg(n, 1), ")");
@@ -479,6 +508,60 @@ class Emitter {
         return ours2("max");
       case Func::kMinimum:
         return ours2("min");
+      case Func::kSin:
+        return libm("sin");
+      case Func::kCos:
+        return libm("cos");
+      case Func::kTan:
+        return libm("tan");
+      case Func::kArcsin:
+        return libm("asin");
+      case Func::kArccos:
+        return libm("acos");
+      case Func::kArctan:
+        return libm("atan");
+      case Func::kSinh:
+        return libm("sinh");
+      case Func::kCosh:
+        return libm("cosh");
+      case Func::kArcsinh:
+        return libm("asinh");
+      case Func::kArccosh:
+        return libm("acosh");
+      case Func::kArctanh:
+        return libm("atanh");
+      case Func::kLog10:
+        return libm("log10");
+      case Func::kLog2:
+        return libm("log2");
+      case Func::kLog1p:
+        return libm("log1p");
+      case Func::kExp2:
+        return libm("exp2");
+      case Func::kExpm1:
+        return libm("expm1");
+      case Func::kCbrt:
+        return libm("cbrt");
+      case Func::kCeil:
+        return libm("ceil");
+      case Func::kFloor:
+        return libm("floor");
+      case Func::kTrunc:
+        return libm("trunc");
+      case Func::kRound:
+        return libm("rint");  // half to even
+      case Func::kIsnan:
+        return absl::StrCat("(", a, " != ", a, ")");
+      case Func::kIsinf:
+        return ours("isinf");
+      case Func::kIsfinite:
+        return ours("isfinite");
+      case Func::kArctan2:
+        return libm2("atan2");
+      case Func::kHypot:
+        return libm2("hypot");
+      case Func::kCopysign:
+        return libm2("copysign");
     }
     return a;
   }

@@ -46,7 +46,7 @@ inline constexpr int kCudaUserMaxReduceBlock = 1024;
 inline constexpr int64_t kWarpReduceMax = 256;
 
 struct CudaKernelSource {
-  /// CUDA C++ for NVRTC (and, in tests, for the host: tests/testing/fake_cuda).
+  /// CUDA C++ for NVRTC (and, in tests, for the host: tests/fake_cuda/driver).
   std::string source;
   /// The extern "C" entry point: tessera_user_<program hash>.
   std::string entry;

@@ -4,7 +4,7 @@
 // The device functions every generated kernel (cuda_codegen.h) starts with: conversions with
 // the CPU's rounding (kernels/dtype.cc) and the total integer operations of ast.h. No
 // #include: NVRTC has no host headers, and the same text compiles as host C++ for the fake
-// driver (tests/testing/fake_cuda/device.h supplies the intrinsics used here).
+// driver (tests/fake_cuda/driver/device.h supplies the intrinsics used here).
 
 namespace tessera::kernels::expr {
 
@@ -109,6 +109,15 @@ static __device__ __forceinline__ tk_i64 tk_mod_i64(tk_i64 a, tk_i64 b) {
   return a % b;
 }
 static __device__ __forceinline__ tk_i64 tk_abs_i64(tk_i64 a) { return a < 0 ? tk_neg_i64(a) : a; }
+// Shifts by a count outside 0..63 shift every bit out; >> is arithmetic, written on
+// non-negative values only (no implementation-defined shift).
+static __device__ __forceinline__ tk_i64 tk_shl_i64(tk_i64 a, tk_i64 n) {
+  return (n < 0 || n > 63) ? 0 : (tk_i64)((tk_u64)a << n);
+}
+static __device__ __forceinline__ tk_i64 tk_shr_i64(tk_i64 a, tk_i64 n) {
+  if (n < 0 || n > 63) return a < 0 ? -1 : 0;
+  return a < 0 ? ~(~a >> n) : a >> n;
+}
 static __device__ __forceinline__ tk_i64 tk_max_i64(tk_i64 a, tk_i64 b) { return a > b ? a : b; }
 static __device__ __forceinline__ tk_i64 tk_min_i64(tk_i64 a, tk_i64 b) { return a < b ? a : b; }
 
@@ -125,6 +134,11 @@ static __device__ __forceinline__ float tk_sigmoid_f32(float x) { return 1.0f / 
 static __device__ __forceinline__ double tk_sigmoid_f64(double x) { return 1.0 / (1.0 + exp(-x)); }
 static __device__ __forceinline__ float tk_rsqrt_f32(float x) { return 1.0f / sqrtf(x); }
 static __device__ __forceinline__ double tk_rsqrt_f64(double x) { return 1.0 / sqrt(x); }
+// isinf and isfinite by magnitude (NaN compares false).
+static __device__ __forceinline__ bool tk_isinf_f32(float x) { return fabsf(x) == __uint_as_float(0x7f800000u); }
+static __device__ __forceinline__ bool tk_isinf_f64(double x) { return fabs(x) == __longlong_as_double(0x7ff0000000000000LL); }
+static __device__ __forceinline__ bool tk_isfinite_f32(float x) { return fabsf(x) <= __uint_as_float(0x7f7fffffu); }
+static __device__ __forceinline__ bool tk_isfinite_f64(double x) { return fabs(x) <= __longlong_as_double(0x7fefffffffffffffLL); }
 // maximum and minimum: NaN wins.
 static __device__ __forceinline__ float tk_max_f32(float a, float b) { return (a != a || a > b) ? a : b; }
 static __device__ __forceinline__ double tk_max_f64(double a, double b) { return (a != a || a > b) ? a : b; }

@@ -16,9 +16,9 @@ bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z
 bool IsNameChar(char c) { return IsNameStart(c) || IsDigit(c); }
 
 // Longest first, so "<=" is not read as "<" then "=".
-constexpr absl::string_view kPunctuation[] = {"->", "<=", ">=", "==", "!=", "&&", "||", "(", ")",
-                                              ",",  "+",  "-",  "*",  "/",  "%",  "<",  ">", "!",
-                                              "=",  ";",  ":",  "[",  "]",  "{",  "}"};
+constexpr absl::string_view kPunctuation[] = {
+    "->", "<<", ">>", "<=", ">=", "==", "!=", "&&", "||", "(", ")", ",", "+", "-", "*", "/",
+    "%",  "<",  ">",  "!",  "=",  ";",  ":",  "[",  "]",  "{", "}", "&", "|", "^", "~"};
 
 // Whether a decimal literal that from_chars found out of range is too large (else too
 // small): the decimal exponent of its first significant digit is positive.
@@ -124,10 +124,7 @@ Token Lexer::Next() {
   }
   token.kind = TokenKind::kError;
   token.text = text_.substr(pos_, 1);
-  if (c == '&' || c == '|') {
-    token.error = absl::StrCat("'", token.text, "' is not an operator; did you mean '", token.text,
-                               token.text, "'?");
-  } else if (c > ' ' && c < 0x7f) {
+  if (c > ' ' && c < 0x7f) {
     token.error = absl::StrCat("unexpected character '", token.text, "'");
   } else {
     token.error = absl::StrCat("unexpected byte 0x",

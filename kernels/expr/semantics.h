@@ -9,7 +9,8 @@
 // Compute types: bool (as uint8_t, 0 or 1), int64_t, float, double.
 //
 // Integers wrap (two's complement); x / 0 and x % 0 give 0; INT64_MIN / -1 gives INT64_MIN
-// and INT64_MIN % -1 gives 0. Floats follow IEEE 754 in round-to-nearest (inf, NaN, -0);
+// and INT64_MIN % -1 gives 0. Shifts by a count outside 0..63 give 0 (<<) or the sign fill
+// (>>, arithmetic). Floats follow IEEE 754 in round-to-nearest (inf, NaN, -0);
 // kMod on floats is fmod. maximum and minimum return NaN when either side is NaN.
 //
 // Conversions: to bool is `!= 0` (NaN gives true); float to integer truncates toward zero,
@@ -43,6 +44,18 @@ constexpr int64_t NegI64(int64_t a) { return static_cast<int64_t>(0 - static_cas
 constexpr int64_t AbsI64(int64_t a) { return a < 0 ? NegI64(a) : a; }
 constexpr int64_t DivI64(int64_t a, int64_t b) { return b == 0 ? 0 : b == -1 ? NegI64(a) : a / b; }
 constexpr int64_t ModI64(int64_t a, int64_t b) { return b == 0 || b == -1 ? 0 : a % b; }
+/// `a << n`: the bits shifted out are lost (wraps); a count outside 0..63 shifts every bit
+/// out, giving 0.
+constexpr int64_t ShlI64(int64_t a, int64_t n) {
+  return n < 0 || n > 63 ? 0 : static_cast<int64_t>(static_cast<uint64_t>(a) << n);
+}
+/// `a >> n`: arithmetic (copies of the sign bit come in); a count outside 0..63 shifts every
+/// bit out, giving 0 or -1 by the sign of `a`. Written on non-negative values only, so that
+/// no implementation-defined shift is involved.
+constexpr int64_t ShrI64(int64_t a, int64_t n) {
+  if (n < 0 || n > 63) return a < 0 ? -1 : 0;
+  return a < 0 ? ~(~a >> n) : a >> n;
+}
 
 // ---- math (float and double; Abs, Maximum, Minimum also int64_t) ----------------------------
 

@@ -1,12 +1,10 @@
 #include "kernels/expr/user_kernel.h"
 
-#include <algorithm>
-#include <numeric>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 #include "kernels/expr/compile.h"
+#include "kernels/reduced_axes.h"
 
 namespace tessera::kernels::expr {
 namespace {
@@ -14,26 +12,6 @@ namespace {
 using Metas = std::vector<TensorMeta>;
 
 absl::Status Invalid(auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); }
-
-// The reduced axes of a `rank`-d shape, sorted; the empty attribute means all of them.
-absl::StatusOr<std::vector<int>> ReducedAxes(const std::vector<int64_t>& given, size_t rank) {
-  std::vector<int> axes;
-  if (given.empty()) {
-    axes.resize(rank);
-    std::iota(axes.begin(), axes.end(), 0);
-    return axes;
-  }
-  for (size_t i = 0; i < given.size(); ++i) {
-    absl::StatusOr<int> a = NormalizeAxis(given[i], rank, absl::StrCat("axes[", i, "]"));
-    if (!a.ok()) return a.status();
-    if (std::find(axes.begin(), axes.end(), *a) != axes.end()) {
-      return Invalid("axes lists axis ", *a, " twice");
-    }
-    axes.push_back(*a);
-  }
-  std::sort(axes.begin(), axes.end());
-  return axes;
-}
 
 std::string RankRule(const OperandDef& operand) {
   return operand.rank < 0
@@ -121,17 +99,7 @@ KernelDef SignatureOf(const Program& program) {
           }
         }
       }
-      const bool keepdims = AttrBool(attrs, "keepdims");
-      out_shape.clear();
-      for (size_t i = 0; i < shape->size(); ++i) {
-        const bool reduced =
-            std::find(axes->begin(), axes->end(), static_cast<int>(i)) != axes->end();
-        if (!reduced) {
-          out_shape.push_back((*shape)[i]);
-        } else if (keepdims) {
-          out_shape.push_back(1);
-        }
-      }
+      out_shape = ReducedShape(*shape, *axes, AttrBool(attrs, "keepdims"));
     }
     Metas out;
     for (const OperandDef& o : d.outputs) {

@@ -13,7 +13,7 @@
 #include "absl/types/span.h"
 
 #include "kernels/registry.h"
-#include "server/core/tenant.h"
+#include "server/common/tenant.h"
 
 namespace tessera {
 

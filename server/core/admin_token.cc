@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-#include "server/common/fd_io.h"
+#include "common/fd_io.h"
 
 namespace tessera {
 namespace {

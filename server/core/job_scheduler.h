@@ -14,8 +14,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
+#include "server/common/tenant.h"
 #include "server/core/memory_ledger.h"
-#include "server/core/tenant.h"
 
 namespace tessera {
 

@@ -12,7 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
-#include "server/core/tenant.h"
+#include "server/common/tenant.h"
 #include "server/core/token.h"
 
 namespace tessera {

@@ -21,11 +21,11 @@
 #include "kernels/registry.h"
 #include "server/backend/backend.h"
 #include "server/common/shared_memory.h"
+#include "server/common/tenant.h"
 #include "server/core/job_scheduler.h"
 #include "server/core/kernel_library.h"
 #include "server/core/memory_ledger.h"
 #include "server/core/request_gate.h"
-#include "server/core/tenant.h"
 
 namespace tessera {
 

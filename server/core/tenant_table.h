@@ -15,10 +15,10 @@
 #include "absl/synchronization/mutex.h"
 
 #include "server/backend/backend.h"
+#include "server/common/tenant.h"
 #include "server/core/admission.h"
 #include "server/core/job_scheduler.h"
 #include "server/core/memory_ledger.h"
-#include "server/core/tenant.h"
 #include "server/core/tenant_directory.h"
 #include "server/core/tenant_runtime.h"
 #include "server/store/tenant_store.h"

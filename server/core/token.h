@@ -8,11 +8,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace tessera {
+#include "server/common/tenant.h"
 
-/// SHA-256 of a credential. Only hashes are kept; a credential carries 256 random bits, so
-/// a fast hash is enough (there is nothing to brute-force).
-using KeyHash = std::array<uint8_t, 32>;
+namespace tessera {
 
 inline constexpr size_t kSecretBytes = 32;  // 256 bits
 inline constexpr absl::string_view kTenantKeyPrefix = "tsk_";

@@ -7,7 +7,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-#include "server/core/tenant.h"
+#include "server/common/tenant.h"
 
 namespace tessera {
 

@@ -388,4 +388,58 @@ absl::StatusOr<kernels::expr::Definition> DefinitionFromProto(
   return d;
 }
 
+absl::StatusOr<LaunchSpec> StepFromProto(
+    const std::string& kernel, const google::protobuf::RepeatedPtrField<v1::Operand>* operands,
+    const google::protobuf::RepeatedPtrField<std::string>* handles,
+    const google::protobuf::RepeatedPtrField<v1::Output>& outputs,
+    const google::protobuf::Map<std::string, v1::AttrValue>& attrs, absl::string_view field,
+    int index) {
+  const std::string prefix = field.empty() ? "" : absl::StrCat(field, ".");
+  RETURN_IF_ERROR(CheckReference(kernel, absl::StrCat(prefix, "kernel"),
+                                 "a kernel name (ListKernels lists them)"));
+  const int inputs = handles != nullptr ? handles->size() : operands->size();
+  if (static_cast<size_t>(inputs) > MaxKernelInputs()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "inputs has ", inputs, " entries; no kernel takes more than ", MaxKernelInputs()));
+  }
+  LaunchSpec spec;
+  spec.kernel = kernel;
+  for (int i = 0; i < inputs; ++i) {
+    const std::string input = absl::StrCat(prefix, "inputs[", i, "]");
+    if (handles != nullptr) {
+      RETURN_IF_ERROR(CheckReference((*handles)[i], input, "a tensor handle"));
+      spec.inputs.push_back(Operand{(*handles)[i]});
+      continue;
+    }
+    const v1::Operand& op = (*operands)[i];
+    if (op.has_step_output()) {
+      // Both are uint32 on the wire: bounded here, before they become ints.
+      const uint32_t step = op.step_output().step();
+      const uint32_t output = op.step_output().output();
+      if (step >= static_cast<uint32_t>(index)) {
+        return absl::InvalidArgumentError(
+            index == 0 ? absl::StrCat(input, ".step_output.step is ", step,
+                                      ", not an earlier step: step 0 has none (give a handle)")
+                       : absl::StrCat(input, ".step_output.step is ", step,
+                                      ", not an earlier step: the range is 0..", index - 1));
+      }
+      if (output >= MaxKernelOutputs()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(input, ".step_output.output is ", output, "; no kernel has more than ",
+                         MaxKernelOutputs(), " outputs (0..", MaxKernelOutputs() - 1, ")"));
+      }
+      spec.inputs.push_back(Operand{"", static_cast<int>(step), static_cast<int>(output)});
+    } else if (op.source_case() == v1::Operand::kHandle) {
+      RETURN_IF_ERROR(
+          CheckReference(op.handle(), absl::StrCat(input, ".handle"), "a tensor handle"));
+      spec.inputs.push_back(Operand{op.handle()});
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(input, " needs a handle or a step_output"));
+    }
+  }
+  ASSIGN_OR_RETURN(spec.outputs, OutputsFromProto(outputs, absl::StrCat(prefix, "outputs")));
+  ASSIGN_OR_RETURN(spec.attrs, AttrsFromProto(attrs, absl::StrCat(prefix, "attrs")));
+  return spec;
+}
+
 }  // namespace tessera

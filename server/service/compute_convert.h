@@ -74,6 +74,17 @@ inline constexpr size_t kMaxKernelSourceBytes = 32 * 1024;
 absl::StatusOr<kernels::expr::Definition> DefinitionFromProto(
     const v1::DefineKernelRequest& request);
 
+/// One launch: a Launch request (`handles`; `field` empty) or step `index` of a Submit
+/// (`operands`; `field` "steps[i]"). Checks what only the wire can get wrong (lengths, counts,
+/// references to earlier steps) so that nothing is left to a lookup or a narrowing cast; the
+/// core checks the rest against the kernel and the tenant's tensors.
+absl::StatusOr<LaunchSpec> StepFromProto(
+    const std::string& kernel, const google::protobuf::RepeatedPtrField<v1::Operand>* operands,
+    const google::protobuf::RepeatedPtrField<std::string>* handles,
+    const google::protobuf::RepeatedPtrField<v1::Output>& outputs,
+    const google::protobuf::Map<std::string, v1::AttrValue>& attrs, absl::string_view field,
+    int index);
+
 }  // namespace tessera
 
 #endif  // TESSERA_SERVER_SERVICE_COMPUTE_CONVERT_H_

@@ -18,186 +18,13 @@
 #include "server/service/compute_convert.h"
 #include "server/service/convert.h"
 #include "server/service/transfer_reactors.h"
+#include "server/service/unary_call.h"
+#include "server/service/wait_reactor.h"
 
 namespace tessera {
 namespace {
 
 constexpr absl::string_view kTensorPages = "tensors";
-
-// A unary call finished by whichever comes first: the work's completion, a timer, or the
-// client going away. Reference counted: gRPC holds one reference until OnDone, and every
-// pending callback holds one, so the reactor outlives all of them.
-class WaitReactor final : public grpc::ServerUnaryReactor {
- public:
-  WaitReactor(grpc::CallbackServerContext* context, const char* rpc) : log_(context, rpc) {}
-
-  CallLog& log() { return log_; }
-  void Hold() { refs_.fetch_add(1); }
-  void Release() {
-    if (refs_.fetch_sub(1) == 1) delete this;
-  }
-  /// True for exactly one caller, who then fills the response and calls Complete.
-  bool Claim() { return !claimed_.exchange(true); }
-  void Complete(const absl::Status& status) { Finish(log_.Finish(status)); }
-  void CompleteIfUnclaimed(const absl::Status& status) {
-    if (Claim()) Complete(status);
-  }
-
-  /// Calls `fire` at `deadline` unless the call is finished first.
-  void SetTimer(absl::Time deadline, std::function<void()> fire) {
-    Hold();
-    alarm_ = std::make_unique<grpc::Alarm>();
-    alarm_->Set(absl::ToChronoTime(deadline), [this, fire = std::move(fire)](bool fired) {
-      if (fired) fire();
-      Release();
-    });
-  }
-
-  /// Runs `action` when the client goes away (at once if it already has).
-  void SetCancelAction(absl::AnyInvocable<void() &&> action) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!cancelled_) {
-        cancel_action_ = std::move(action);
-        return;
-      }
-    }
-    std::move(action)();
-  }
-
-  void OnCancel() override {
-    absl::AnyInvocable<void() &&> action;
-    {
-      absl::MutexLock lock(&mu_);
-      cancelled_ = true;
-      action = std::move(cancel_action_);
-    }
-    if (action != nullptr) std::move(action)();
-    CompleteIfUnclaimed(
-        absl::CancelledError("the client cancelled the call or its deadline passed"));
-  }
-  void OnDone() override {
-    if (alarm_ != nullptr) alarm_->Cancel();
-    Release();
-  }
-  // Both reactions are short and never wait (OnCancel takes a queued job off its queue and
-  // answers; OnDone drops a reference), so gRPC may run them, and the end of the call, on the
-  // thread that completes the call. Otherwise gRPC 1.51 hands every call's end to its executor
-  // thread: a wake-up and a context switch per call, about a quarter of the server's CPU time
-  // for tiny launches at 16 in flight (perf). Inline, OnCancel takes the runtime's and the
-  // scheduler's locks, so nothing may finish or cancel a call while holding them (the lock
-  // order of tenant_runtime.h: callbacks run after the locks are released). gRPC marks the
-  // hook "not API": a gRPC without it fails to compile here (override), never silently.
-  bool InternalInlineable() override { return true; }
-
- private:
-  ~WaitReactor() override = default;
-  std::atomic<int> refs_{1};
-  std::atomic<bool> claimed_{false};
-  absl::Mutex mu_;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  absl::AnyInvocable<void() &&> cancel_action_ ABSL_GUARDED_BY(mu_);
-  CallLog log_;
-  std::unique_ptr<grpc::Alarm> alarm_;
-};
-
-// Authenticates a waiting call; on failure finishes it and returns nullptr.
-std::shared_ptr<TenantRuntime> Authenticate(const Authenticator& auth, WaitReactor* reactor,
-                                            grpc::CallbackServerContext* context) {
-  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime = auth.AuthenticateTenant(*context);
-  if (!runtime.ok()) {
-    reactor->CompleteIfUnclaimed(runtime.status());
-    return nullptr;
-  }
-  reactor->log().set_tenant((*runtime)->tenant_id());
-  return *std::move(runtime);
-}
-
-// Answers `reactor` with `job` unless something else answered first. For a waiting
-// Launch/Submit (`expiry_fails_call`) a job that expired in its queue answers
-// DEADLINE_EXCEEDED: its deadline is the call's own, and the scheduler may notice it a moment
-// before gRPC does. WaitJob returns the expired job as it is.
-void AnswerNow(WaitReactor* reactor, v1::Job* response, const JobInfo& job,
-               bool expiry_fails_call = false) {
-  if (reactor->Claim()) {
-    if (expiry_fails_call && job.state == JobState::kCancelled &&
-        absl::IsDeadlineExceeded(job.error)) {
-      reactor->Complete(job.error);
-      return;
-    }
-    JobToProto(job, response);
-    reactor->Complete(absl::OkStatus());
-  }
-}
-
-// A job callback that answers `reactor` with the finished job, unless something else
-// answered first; it holds a reference on the reactor until it runs.
-TenantRuntime::JobCallback AnswerWithJob(WaitReactor* reactor, v1::Job* response,
-                                         bool expiry_fails_call = false) {
-  reactor->Hold();
-  return [reactor, response, expiry_fails_call](const JobInfo& done) {
-    AnswerNow(reactor, response, done, expiry_fails_call);
-    reactor->Release();
-  };
-}
-
-// One launch: a Launch request (`handles`; `field` empty) or step `index` of a Submit
-// (`operands`; `field` "steps[i]"). Checks what only the wire can get wrong (lengths, counts,
-// references to earlier steps) so that nothing is left to a lookup or a narrowing cast; the
-// core checks the rest against the kernel and the tenant's tensors.
-absl::StatusOr<LaunchSpec> StepFromProto(
-    const std::string& kernel, const google::protobuf::RepeatedPtrField<v1::Operand>* operands,
-    const google::protobuf::RepeatedPtrField<std::string>* handles,
-    const google::protobuf::RepeatedPtrField<v1::Output>& outputs,
-    const google::protobuf::Map<std::string, v1::AttrValue>& attrs, absl::string_view field,
-    int index) {
-  const std::string prefix = field.empty() ? "" : absl::StrCat(field, ".");
-  RETURN_IF_ERROR(CheckReference(kernel, absl::StrCat(prefix, "kernel"),
-                                 "a kernel name (ListKernels lists them)"));
-  const int inputs = handles != nullptr ? handles->size() : operands->size();
-  if (static_cast<size_t>(inputs) > MaxKernelInputs()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "inputs has ", inputs, " entries; no kernel takes more than ", MaxKernelInputs()));
-  }
-  LaunchSpec spec;
-  spec.kernel = kernel;
-  for (int i = 0; i < inputs; ++i) {
-    const std::string input = absl::StrCat(prefix, "inputs[", i, "]");
-    if (handles != nullptr) {
-      RETURN_IF_ERROR(CheckReference((*handles)[i], input, "a tensor handle"));
-      spec.inputs.push_back(Operand{(*handles)[i]});
-      continue;
-    }
-    const v1::Operand& op = (*operands)[i];
-    if (op.has_step_output()) {
-      // Both are uint32 on the wire: bounded here, before they become ints.
-      const uint32_t step = op.step_output().step();
-      const uint32_t output = op.step_output().output();
-      if (step >= static_cast<uint32_t>(index)) {
-        return absl::InvalidArgumentError(
-            index == 0 ? absl::StrCat(input, ".step_output.step is ", step,
-                                      ", not an earlier step: step 0 has none (give a handle)")
-                       : absl::StrCat(input, ".step_output.step is ", step,
-                                      ", not an earlier step: the range is 0..", index - 1));
-      }
-      if (output >= MaxKernelOutputs()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(input, ".step_output.output is ", output, "; no kernel has more than ",
-                         MaxKernelOutputs(), " outputs (0..", MaxKernelOutputs() - 1, ")"));
-      }
-      spec.inputs.push_back(Operand{"", static_cast<int>(step), static_cast<int>(output)});
-    } else if (op.source_case() == v1::Operand::kHandle) {
-      RETURN_IF_ERROR(
-          CheckReference(op.handle(), absl::StrCat(input, ".handle"), "a tensor handle"));
-      spec.inputs.push_back(Operand{op.handle()});
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(input, " needs a handle or a step_output"));
-    }
-  }
-  ASSIGN_OR_RETURN(spec.outputs, OutputsFromProto(outputs, absl::StrCat(prefix, "outputs")));
-  ASSIGN_OR_RETURN(spec.attrs, AttrsFromProto(attrs, absl::StrCat(prefix, "attrs")));
-  return spec;
-}
 
 }  // namespace
 
@@ -218,17 +45,26 @@ grpc::ServerUnaryReactor* ComputeService::RedirectRegion(grpc::CallbackServerCon
 template <typename Body>
 grpc::ServerUnaryReactor* ComputeService::Serve(grpc::CallbackServerContext* context,
                                                 const char* rpc, Body body) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  CallLog log(context, rpc);
-  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime =
-      authenticator_->AuthenticateTenant(*context);
-  if (!runtime.ok()) {
-    reactor->Finish(log.Finish(runtime.status()));
-    return reactor;
-  }
-  log.set_tenant((*runtime)->tenant_id());
-  reactor->Finish(log.Finish(body(**runtime)));
-  return reactor;
+  return ServeUnary(
+      context, rpc,
+      [&](CallLog& log) { return AuthenticateTenantCall(*authenticator_, *context, log); },
+      [body = std::move(body)](std::shared_ptr<TenantRuntime>& runtime, CallLog&) mutable {
+        return body(*runtime);
+      });
+}
+
+template <typename Body>
+grpc::ServerUnaryReactor* ComputeService::ServeOffThread(grpc::CallbackServerContext* context,
+                                                         const char* rpc, Body body) {
+  return ServeUnary(
+      context, rpc,
+      [&](CallLog& log) { return AuthenticateTenantCall(*authenticator_, *context, log); },
+      [body = std::move(body)](std::shared_ptr<TenantRuntime>& runtime, CallLog&) mutable {
+        return body(*runtime);
+      },
+      [this](const std::shared_ptr<TenantRuntime>& runtime, absl::AnyInvocable<void() &&> task) {
+        return transfers_.Schedule(runtime->tenant_id(), TransferWeight(*runtime), std::move(task));
+      });
 }
 
 grpc::ServerUnaryReactor* ComputeService::CreateTensor(grpc::CallbackServerContext* context,
@@ -236,37 +72,20 @@ grpc::ServerUnaryReactor* ComputeService::CreateTensor(grpc::CallbackServerConte
                                                        v1::TensorInfo* response) {
   if (auto* forwarded = Forward(context, "CreateTensor", *request, response)) return forwarded;
   // Inline data is copied on the transfer executor, never on a gRPC thread.
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto log = std::make_shared<CallLog>(context, "CreateTensor");
-  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime =
-      authenticator_->AuthenticateTenant(*context);
-  if (!runtime.ok()) {
-    reactor->Finish(log->Finish(runtime.status()));
-    return reactor;
-  }
-  log->set_tenant((*runtime)->tenant_id());
-  if (request->data().size() > kMaxCreateTensorDataBytes) {
-    reactor->Finish(log->Finish(absl::InvalidArgumentError(absl::StrCat(
-        "data is ", request->data().size(), " bytes; CreateTensor takes at most ",
-        kMaxCreateTensorDataBytes,
-        " bytes (16 MiB) inline: stream larger tensors with WriteTensor (C++ Client::Upload, "
-        "Python Client.put)"))));
-    return reactor;
-  }
-  const std::string tenant = (*runtime)->tenant_id();
-  const double weight = TransferWeight(**runtime);
-  absl::Status queued = transfers_.Schedule(
-      tenant, weight, [reactor, log, request, response, runtime = *std::move(runtime)]() {
-        absl::Status status = [&]() -> absl::Status {
-          ASSIGN_OR_RETURN(kernels::TensorMeta meta, MetaFromProto(request->spec(), "spec"));
-          ASSIGN_OR_RETURN(TensorInfo info, runtime->CreateTensor(meta, request->data()));
-          TensorInfoToProto(info, response);
-          return absl::OkStatus();
-        }();
-        reactor->Finish(log->Finish(status));
+  return ServeOffThread(
+      context, "CreateTensor", [request, response](TenantRuntime& runtime) -> absl::Status {
+        if (request->data().size() > kMaxCreateTensorDataBytes) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("data is ", request->data().size(),
+                           " bytes; CreateTensor takes at most ", kMaxCreateTensorDataBytes,
+                           " bytes (16 MiB) inline: stream larger tensors with WriteTensor "
+                           "(C++ Client::Upload, Python Client.put)"));
+        }
+        ASSIGN_OR_RETURN(kernels::TensorMeta meta, MetaFromProto(request->spec(), "spec"));
+        ASSIGN_OR_RETURN(TensorInfo info, runtime.CreateTensor(meta, request->data()));
+        TensorInfoToProto(info, response);
+        return absl::OkStatus();
       });
-  if (!queued.ok()) reactor->Finish(log->Finish(queued));
-  return reactor;
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ComputeService::WriteTensor(
@@ -340,7 +159,7 @@ grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* c
                                                   const google::protobuf::Duration* timeout,
                                                   v1::Job* response, absl::Status parse_error) {
   auto* reactor = new WaitReactor(context, rpc);
-  std::shared_ptr<TenantRuntime> runtime = Authenticate(*authenticator_, reactor, context);
+  std::shared_ptr<TenantRuntime> runtime = AuthenticateWaiting(*authenticator_, reactor, context);
   if (runtime == nullptr) return reactor;
   absl::Duration queue_timeout = absl::InfiniteDuration();
   if (parse_error.ok() && timeout != nullptr) {
@@ -433,7 +252,7 @@ grpc::ServerUnaryReactor* ComputeService::WaitJob(grpc::CallbackServerContext* c
                                                   v1::Job* response) {
   if (auto* forwarded = Forward(context, "WaitJob", *request, response)) return forwarded;
   auto* reactor = new WaitReactor(context, "WaitJob");
-  std::shared_ptr<TenantRuntime> runtime = Authenticate(*authenticator_, reactor, context);
+  std::shared_ptr<TenantRuntime> runtime = AuthenticateWaiting(*authenticator_, reactor, context);
   if (runtime == nullptr) return reactor;
   absl::StatusOr<absl::Duration> timeout = DurationFromProto(request->timeout(), "timeout");
   absl::Status valid = timeout.status();
@@ -478,7 +297,7 @@ grpc::ServerUnaryReactor* ComputeService::Synchronize(grpc::CallbackServerContex
                                                       v1::SynchronizeResponse* response) {
   if (auto* forwarded = Forward(context, "Synchronize", *request, response)) return forwarded;
   auto* reactor = new WaitReactor(context, "Synchronize");
-  std::shared_ptr<TenantRuntime> runtime = Authenticate(*authenticator_, reactor, context);
+  std::shared_ptr<TenantRuntime> runtime = AuthenticateWaiting(*authenticator_, reactor, context);
   if (runtime == nullptr) return reactor;
   std::optional<int64_t> stream;
   if (request->has_stream()) stream = request->stream();
@@ -512,29 +331,6 @@ grpc::ServerUnaryReactor* ComputeService::ListKernels(grpc::CallbackServerContex
 
 // DefineKernel and DeleteKernel commit to the state store (an fsync): on the transfer
 // executor, never on a gRPC thread.
-template <typename Body>
-grpc::ServerUnaryReactor* ComputeService::ServeOffThread(grpc::CallbackServerContext* context,
-                                                         const char* rpc, Body body) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto log = std::make_shared<CallLog>(context, rpc);
-  absl::StatusOr<std::shared_ptr<TenantRuntime>> runtime =
-      authenticator_->AuthenticateTenant(*context);
-  if (!runtime.ok()) {
-    reactor->Finish(log->Finish(runtime.status()));
-    return reactor;
-  }
-  log->set_tenant((*runtime)->tenant_id());
-  const std::string tenant = (*runtime)->tenant_id();
-  const double weight = TransferWeight(**runtime);
-  absl::Status queued = transfers_.Schedule(
-      tenant, weight,
-      [reactor, log, body = std::move(body), runtime = *std::move(runtime)]() mutable {
-        reactor->Finish(log->Finish(body(*runtime)));
-      });
-  if (!queued.ok()) reactor->Finish(log->Finish(queued));
-  return reactor;
-}
-
 grpc::ServerUnaryReactor* ComputeService::DefineKernel(grpc::CallbackServerContext* context,
                                                        const v1::DefineKernelRequest* request,
                                                        v1::KernelInfo* response) {

@@ -5,7 +5,7 @@
 #include "google/protobuf/timestamp.pb.h"
 
 #include "server/backend/backend.h"
-#include "server/core/tenant.h"
+#include "server/common/tenant.h"
 #include "server/core/tenant_table.h"
 #include "tessera/v1/tenant_admin.pb.h"
 

@@ -17,6 +17,7 @@
 #include "server/core/validation.h"
 #include "server/service/call.h"
 #include "server/service/convert.h"
+#include "server/service/unary_call.h"
 
 namespace tessera {
 namespace {
@@ -85,25 +86,20 @@ TenantAdminService::TenantAdminService(TenantTable* tenants, const Backend* back
 template <typename Body>
 grpc::ServerUnaryReactor* TenantAdminService::Serve(grpc::CallbackServerContext* context,
                                                     const char* rpc, bool mutation, Body body) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto log = std::make_shared<CallLog>(context, rpc);
-  if (absl::Status auth = authenticator_->AuthorizeAdmin(*context); !auth.ok()) {
-    reactor->Finish(log->Finish(auth));
-    return reactor;
-  }
-  if (!mutation) {
-    reactor->Finish(log->Finish(body(*log)));
-    return reactor;
-  }
-  // The reactor, context and messages stay valid until Finish; the task finishes it.
-  absl::Status scheduled =
-      mutations_->Schedule([context, reactor, log, body = std::move(body)]() mutable {
-        absl::Status status = CallStillWanted(context);
-        if (status.ok()) status = body(*log);
-        reactor->Finish(log->Finish(status));
-      });
-  if (!scheduled.ok()) reactor->Finish(log->Finish(scheduled));
-  return reactor;
+  auto authorize = [&](CallLog&) -> absl::StatusOr<bool> {
+    RETURN_IF_ERROR(authenticator_->AuthorizeAdmin(*context));
+    return true;
+  };
+  auto run = [context, mutation, body = std::move(body)](bool, CallLog& log) mutable {
+    // A mutation waits its turn: the client may have gone meanwhile.
+    if (mutation) RETURN_IF_ERROR(CallStillWanted(context));
+    return body(log);
+  };
+  if (!mutation) return ServeUnary(context, rpc, authorize, std::move(run));
+  return ServeUnary(context, rpc, authorize, std::move(run),
+                    [this](bool, absl::AnyInvocable<void() &&> task) {
+                      return mutations_->Schedule(std::move(task));
+                    });
 }
 
 grpc::ServerUnaryReactor* TenantAdminService::RegisterTenant(

@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-#include "server/core/tenant.h"
+#include "server/common/tenant.h"
 
 struct sqlite3;
 

@@ -101,6 +101,15 @@ TEXT = {
         "body-u8": "\x04out = int(maximum(x, 0.0) + y)",
         "body-argmin": "\x05out = argmin(x * t)",
         "body-numbers": "\x00out = 1e308 * x + .5e-3 - 0.0 + pow(y, 2) + exp(-x) / sqrt(x)",
+        "body-trig": ("\x00out = sin(x) * cos(y) + tan(alpha) - arcsin(x) + arccos(y) * arctan(x)"
+                      " + arctan2(x, y) + sinh(x) - cosh(y) + arcsinh(x) + arccosh(y) + arctanh(x)"),
+        "body-logs": ("\x03out = log10(x) + log2(x) + log1p(x) - exp2(x) + expm1(x) + cbrt(x)"
+                      " + hypot(x, eps) + copysign(x, -1.0)"),
+        "body-rounding": ("\x02out = ceil(x) + floor(x) - trunc(x) * round(x)\n"
+                          "flag = isnan(x) || isinf(x) && !isfinite(x) || m"),
+        "body-bits": ("\x01let s = x << 3 >> y & ~n | x ^ 255\n"
+                      "out = s + (x >> 64) + (x << -1) + (i64(y) & 1) * 2"),
+        "body-bits-error": "\x00out = x & y",
     },
     "cli_attr": {
         "attrs": "axes=[0, -1];keepdims=true;alpha=2.5;name=foo;k=-7",
@@ -182,6 +191,12 @@ PROTO = {
             body: "y = max(x) - 1" } }
             input_shapes { dims: [4, 0] } attrs { key: "axes" value { ints { values: [0] } } }""",
         "both": 'request { source: "kernel k() -> (y: f32) { y = 1 }" definition { name: "k" } }',
+        "structured-math": """request { definition { name: "mathy"
+            inputs { name: "x" dtype: DTYPE_F32 } inputs { name: "n" dtype: DTYPE_I64 }
+            outputs { name: "y" dtype: DTYPE_F32 } outputs { name: "b" dtype: DTYPE_I64 }
+            outputs { name: "flag" dtype: DTYPE_BOOL }
+            body: "y = round(sin(x) * 10) + hypot(x, 1) + arctan2(x, -1)\\nb = (n << 3 | n >> 1) ^ ~n\\nflag = isnan(x)" } }
+            input_shapes { dims: [3] } input_shapes { dims: [3] }""",
     },
     "state_store": {
         "tenant": """tenants { id { text: "alpha" } display_name { text: "Alpha" }

@@ -2,7 +2,7 @@
 // for the whole kernel catalog, plus contexts, streams, quotas, registered host memory (a
 // region's transfers) and fault containment. Every test skips, saying why, where the CUDA
 // backend cannot run (no driver, no GPU, no module).
-// On the fake driver (tests/testing/fake_cuda) each test also ends with no driver misuse and
+// On the fake driver (tests/fake_cuda/driver) each test also ends with no driver misuse and
 // no object the backend did not give back.
 #include <algorithm>
 #include <cmath>
@@ -31,9 +31,9 @@
 #include "server/backend/cuda_module.h"
 #include "server/backend/select.h"
 #include "server/common/shared_memory.h"
+#include "tests/fake_cuda/driver/fake_cuda.h"
 #include "tests/testing/catalog_cases.h"
 #include "tests/testing/context_runner.h"
-#include "tests/testing/fake_cuda/fake_cuda.h"
 
 namespace tessera {
 namespace {

@@ -104,7 +104,7 @@ cmake --build "$work/consumer" >"$work/build.log"
 stop_server
 
 # ---- The installed server loads the installed CUDA module ------------------------------------
-# Over the build tree's fake driver and cuBLAS (tests/testing/fake_cuda), which are not
+# Over the build tree's fake driver and cuBLAS (tests/fake_cuda/driver), which are not
 # installed: proves that the server finds the module where the install put it.
 fake_cuda=$build_dir/tests/fake_cuda
 if [[ -f $cuda_module && -f $fake_cuda/libcuda.so.1 ]]; then

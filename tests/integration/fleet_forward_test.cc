@@ -2,7 +2,9 @@
 // and redirects"): a tenant's calls that reach another node are relayed to its home, one hop,
 // unless the client follows redirects itself (`tessera-follow-home: 1`), the call was
 // forwarded already (`tessera-forwarded-by`), it is a region RPC, or the node runs with
-// --fleet_forward=false. A real etcd on loopback and real servers.
+// --fleet_forward=false; the C++ client follows a tenant that moves while it is connected.
+// A real etcd on loopback and real servers.
+#include <csignal>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -103,6 +106,32 @@ class FleetForwardTest : public ::testing::Test {
     EXPECT_THAT(status.error_message(), HasSubstr("lives on node a at " + home.address()));
     EXPECT_EQ(Trailer(context, "tessera-home-address"), home.address());
     EXPECT_EQ(Trailer(context, "tessera-home-node"), "a");
+  }
+
+  static std::unique_ptr<Client> Admin(const ServerProcess& node) {
+    auto admin = Client::Connect(
+        {.address = node.address(), .token = kAdminToken, .timeout = absl::Seconds(20)});
+    EXPECT_TRUE(admin.ok()) << admin.status();
+    return admin.ok() ? *std::move(admin) : nullptr;
+  }
+
+  /// Waits up to `limit` until `node` serves tenant `id` as its home and `old_home` no longer
+  /// knows it (it forgets a moved tenant at its next scan; a dead one knows nothing).
+  static bool WaitUntilMoved(const std::string& id, const ServerProcess& node,
+                             const std::string& name, const ServerProcess* old_home,
+                             absl::Duration limit) {
+    const absl::Time deadline = absl::Now() + limit;
+    auto admin = Admin(node);
+    std::unique_ptr<Client> old_admin = old_home != nullptr ? Admin(*old_home) : nullptr;
+    for (;;) {
+      auto there = admin->GetTenant(id);
+      const bool moved =
+          there.ok() && there->home_node() == name &&
+          (old_admin == nullptr || absl::IsNotFound(old_admin->GetTenant(id).status()));
+      if (moved) return true;
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
   }
 
   static constexpr char kAdminToken[] = "fleet-forward-test-admin-token-shared-by-all-0123";
@@ -294,6 +323,8 @@ TEST_F(FleetForwardTest, TheHomesRefusalsAndRetryHintsComeBackThroughTheNode) {
 // queued behind a long job, expires there at the caller's deadline (the home knew it) or is
 // cancelled there when the caller cancels, and never runs.
 TEST_F(FleetForwardTest, TheCallersDeadlineAndCancellationReachTheHome) {
+  // The long job is sized to outlast the two launches and the polls by far, on a loaded CI
+  // machine too.
   // One job on the device at a time: the launch behind the long job stays in the core's
   // queue, where a deadline or a cancellation can still take it (on every backend).
   auto a = StartNode("a", {"--device_in_flight=1"});
@@ -305,7 +336,7 @@ TEST_F(FleetForwardTest, TheCallersDeadlineAndCancellationReachTheHome) {
   auto home =
       Client::Connect({.address = (*a)->address(), .token = key, .timeout = absl::Seconds(60)});
   ASSERT_TRUE(home.ok()) << home.status();
-  auto work = testing::SlowWork::Calibrate(**home, absl::Seconds(4), 16 << 20);
+  auto work = testing::SlowWork::Calibrate(**home, absl::Seconds(8), 16 << 20);
   ASSERT_TRUE(work.ok()) << work.status();
   auto stub = RawStub(**b);
   v1::Job slow;
@@ -431,6 +462,97 @@ TEST_F(FleetForwardTest, RedirectsWhereACallIsNotForwarded) {
   ASSERT_TRUE(c.ok()) << c.status();
   auto off = Context(key);
   ExpectRedirect(RawStub(**c)->GetUsage(off.get(), v1::GetUsageRequest(), &usage), *off, **a);
+}
+
+// A C++ client connected to the tenant's home before a drain with --move keeps working: its
+// next call (a streamed upload) is answered with the redirect by the old home, sent again to
+// the new one, and the client stays there; the tenant's tensors from before are gone.
+TEST_F(FleetForwardTest, TheClientFollowsATenantDrainedToAnotherNode) {
+  auto a = StartNode("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::string key = Register(**a, "drifter");
+  ASSERT_FALSE(key.empty());
+  auto b = StartNode("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto client =
+      Client::Connect({.address = (*a)->address(), .token = key, .timeout = absl::Seconds(20)});
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_EQ((*client)->address(), (*a)->address());
+  v1::TensorSpec small;
+  small.set_dtype(v1::DTYPE_F32);
+  small.add_shape(8);
+  auto before = (*client)->Upload(small, std::string(32, '\3'));
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  ASSERT_TRUE(Admin(**b)->DrainNode("a", /*undo=*/false, /*move_tenants=*/true).ok());
+  ASSERT_TRUE(WaitUntilMoved("drifter", **b, "b", a->get(), absl::Seconds(10)));
+
+  // 3 MiB in 1 MiB chunks: refused by a before it ran, re-sent whole to b.
+  constexpr size_t kElements = 3 << 18;
+  const std::string data = Ramp(kElements);
+  v1::TensorSpec spec;
+  spec.set_dtype(v1::DTYPE_F32);
+  spec.add_shape(kElements);
+  auto uploaded = (*client)->Upload(spec, data, 1 << 20);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  EXPECT_EQ((*client)->address(), (*b)->address());
+  auto downloaded = (*client)->Download(uploaded->handle());
+  ASSERT_TRUE(downloaded.ok()) << downloaded.status();
+  EXPECT_EQ(*downloaded, data);
+  auto usage = (*client)->GetUsage();
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  EXPECT_EQ(usage->tensors(), 1u);
+  auto old = (*client)->Download(before->handle());
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kNotFound) << old.status();
+  EXPECT_THAT(old.status().message(), HasSubstr("moved to node b"));
+  // The channel is the new home's too.
+  v1::Usage raw;
+  auto context = (*client)->NewContext();
+  EXPECT_TRUE(v1::Compute::NewStub((*client)->channel())
+                  ->GetUsage(context.get(), v1::GetUsageRequest(), &raw)
+                  .ok());
+}
+
+// The home killed (-9): the client, which reached it through b (its seed), may see UNAVAILABLE
+// while the tenant waits for the lease and the grace, then asks b where it went and, within
+// the lease TTL + 5 s, works there with its old key; a handle from before says it moved.
+TEST_F(FleetForwardTest, TheClientFindsATenantWhoseHomeWasKilled) {
+  auto a = StartNode("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::string key = Register(**a, "survivor");
+  ASSERT_FALSE(key.empty());
+  auto b = StartNode("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto client =
+      Client::Connect({.address = (*b)->address(), .token = key, .timeout = absl::Seconds(20)});
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_EQ((*client)->address(), (*a)->address());
+  v1::TensorSpec spec;
+  spec.set_dtype(v1::DTYPE_F32);
+  spec.add_shape(8);
+  auto before = (*client)->Upload(spec, std::string(32, '\5'));
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  ASSERT_TRUE((*a)->Stop(SIGKILL).ok());
+  const absl::Time killed = absl::Now();
+  absl::Status last;
+  int unavailable = 0;
+  while (absl::Now() - killed < absl::Seconds(2 + 5)) {
+    last = (*client)->GetUsage().status();
+    if (last.ok()) break;
+    EXPECT_EQ(last.code(), absl::StatusCode::kUnavailable) << last;
+    ++unavailable;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(last.ok()) << "not served again within the lease TTL + 5 s: " << last;
+  EXPECT_GT(unavailable, 0);
+  EXPECT_EQ((*client)->address(), (*b)->address());
+  auto old = (*client)->Download(before->handle());
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kNotFound) << old.status();
+  EXPECT_THAT(old.status().message(), HasSubstr("moved to node b"));
+  auto fresh = (*client)->Upload(spec, std::string(32, '\6'));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(*(*client)->Download(fresh->handle()), std::string(32, '\6'));
 }
 
 }  // namespace

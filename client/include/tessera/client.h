@@ -8,9 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 
@@ -50,6 +53,12 @@ struct ClientOptions {
   /// Any other answer (a single server, the tenant at home, the server down) leaves the
   /// client as it was. Every call then carries `tessera-follow-home: 1`, so a node that is
   /// not the tenant's home (the tenant moved) answers the redirect rather than forwarding.
+  /// The client also follows a tenant that moves while it is connected (docs/api.md, "After
+  /// a move"): a call answered with the redirect (FAILED_PRECONDITION with a
+  /// `tessera-home-address` trailer; it did not run) switches the client to that address and
+  /// runs once more there; a call answered UNAVAILABLE asks Locate again through `address`
+  /// (the seed) and, when it names another home, switches there for the next call (this one
+  /// fails: it may have run). At most one switch per call.
   /// false: connect to `address` as given and send no such metadata: a node forwards the
   /// tenant's calls to its home (docs/api.md, "Forwarding and redirects").
   bool follow_home = true;
@@ -98,7 +107,10 @@ class SharedRegion {
 /// absl::Status with the same code and message.
 ///
 /// Thread-safe: one Client may be shared by many threads. Connecting is lazy: Connect()
-/// validates the options and reads TLS files; the first call dials the server.
+/// validates the options and reads TLS files; the first call dials the server. When the
+/// client follows its tenant to another node (ClientOptions::follow_home), the switch is
+/// atomic: each call runs on the connection it started with (and, after a redirect, once on
+/// the new one); calls that start later use the new one.
 class Client {
  public:
   /// INVALID_ARGUMENT for unreadable TLS files or inconsistent options.
@@ -229,15 +241,17 @@ class Client {
   /// server's other refusals (UNAUTHENTICATED, ...).
   absl::StatusOr<std::optional<RegionLease>> LeaseTransferRegion(uint64_t size_bytes);
 
-  /// The channel, for stubs this class does not wrap (e.g. grpc.health.v1).
-  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
-  /// The server this client talks to: ClientOptions::address, or the tenant's home node
-  /// when Connect followed a redirect (ClientOptions::follow_home).
-  const std::string& address() const { return options_.address; }
+  /// The channel to address(), for stubs this class does not wrap (e.g. grpc.health.v1).
+  /// After the client follows its tenant to another node, a new channel: take it again.
+  std::shared_ptr<grpc::Channel> channel() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// The server this client talks to now: ClientOptions::address, or the tenant's home node
+  /// when the client followed it there (ClientOptions::follow_home), at Connect or later.
+  std::string address() const ABSL_LOCKS_EXCLUDED(mu_);
   /// A context with this client's deadline and credentials, for calls on other stubs.
   std::unique_ptr<grpc::ClientContext> NewContext() const;
-  /// PATH when the address is "unix:PATH" (or "unix://PATH"), else "".
-  const std::string& unix_socket_path() const { return unix_socket_path_; }
+  /// PATH when address() is "unix:PATH" (or "unix://PATH"), else "". Regions are node-local:
+  /// after the client follows its tenant to another node its transfers stream.
+  std::string unix_socket_path() const ABSL_LOCKS_EXCLUDED(mu_);
 
   /// Unregisters the regions this client keeps (no RegionLease may be outstanding).
   ~Client();
@@ -245,8 +259,37 @@ class Client {
  private:
   friend class SharedRegion;  // its registration uses the options (address, deadline)
   class RegionPool;
+  // Where calls go: an address with its channel and stubs; replaced whole when the client
+  // follows its tenant, never changed.
+  struct Connection;
+  using Attempt = absl::FunctionRef<grpc::Status(const Connection&, grpc::ClientContext*)>;
 
-  Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  // `options.address` is where calls go first; `seed_address` where Locate is asked.
+  Client(ClientOptions options, std::string seed_address,
+         std::shared_ptr<grpc::ChannelCredentials> credentials);
+  static std::shared_ptr<const Connection> Open(
+      const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials);
+  std::shared_ptr<const Connection> Current() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Runs `attempt` with a fresh context on the current connection; when the answer is the
+  // redirect, once more on the tenant's home (FollowAfter). The status keeps the retry hint.
+  absl::Status Run(Attempt attempt) ABSL_LOCKS_EXCLUDED(mu_);
+  template <typename Response, typename Call>
+  absl::StatusOr<Response> Unary(Call call);
+  // After a failed call on `used`: the connection to run it on again (the redirect named
+  // another node, now current), or nullptr. UNAVAILABLE asks the seed where the tenant lives
+  // and switches there for later calls (returns nullptr: the call may have run).
+  std::shared_ptr<const Connection> FollowAfter(const std::shared_ptr<const Connection>& used,
+                                                const grpc::Status& status,
+                                                const grpc::ClientContext& context)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Compute.Locate through the seed: the tenant's home address (the seed's when `here`), or
+  // nullopt when the seed does not say.
+  std::optional<std::string> AskHome() const;
+  // Makes `address` current unless another call switched since `used` (then keeps that);
+  // returns the current connection.
+  std::shared_ptr<const Connection> SwitchTo(const std::shared_ptr<const Connection>& used,
+                                             const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::StatusOr<v1::TensorInfo> Write(const v1::WriteHeader& header, absl::string_view data,
                                        size_t chunk_bytes, const Progress& progress);
@@ -257,11 +300,14 @@ class Client {
                                                                uint64_t offset, uint64_t length);
   void ReturnRegion(std::unique_ptr<SharedRegion> region);
 
-  const ClientOptions options_;
-  const std::shared_ptr<grpc::Channel> channel_;
+  const ClientOptions options_;  // address: where Connect sent the first calls
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  const bool follows_;                            // follow_home with a tenant key
+  const std::shared_ptr<const Connection> seed_;  // ClientOptions::address as given
+  // Of the address at Connect: regions are used only there (a switch turns them off).
   const std::string unix_socket_path_;
-  const std::unique_ptr<v1::TenantAdmin::Stub> admin_;
-  const std::unique_ptr<v1::Compute::Stub> compute_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const Connection> connection_ ABSL_GUARDED_BY(mu_);
   const std::unique_ptr<RegionPool> regions_;
 };
 

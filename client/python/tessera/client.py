@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    TypeVar, Union)
 
 import grpc
 import numpy as np
@@ -219,6 +221,44 @@ def _channel(addr: str, tls: bool, root_certificates: Optional[bytes],
     return grpc.insecure_channel(addr, options=options)
 
 
+class _Connection:
+    """Where a Client's calls go: an address, its channel and the stubs on it. Replaced whole
+    when the client follows its tenant to another node; never changed."""
+
+    def __init__(self, addr: str, channel: grpc.Channel) -> None:
+        self.addr = addr
+        self.channel = channel
+        self.stub = compute_pb2_grpc.ComputeStub(channel)
+        # ReadTensor with the response bytes as they arrive: _read finds each chunk's data in
+        # them and copies it once, into the array (protobuf's parse would copy it twice more).
+        self.read_raw = channel.unary_stream(
+            "/tessera.v1.Compute/ReadTensor",
+            request_serializer=pb.ReadTensorRequest.SerializeToString,
+            response_deserializer=None)
+        # WriteTensor with requests the caller serialized (_write_chunk writes a chunk's bytes
+        # once, where protobuf's message and serializer would copy them twice more).
+        self.write_raw = channel.stream_unary(
+            "/tessera.v1.Compute/WriteTensor",
+            request_serializer=None,
+            response_deserializer=pb.TensorInfo.FromString)
+
+    def name_of(self, method: Callable) -> Optional[str]:
+        """The name of ``method`` when it is one of this connection's stub methods."""
+        return next((k for k, v in vars(self.stub).items() if v is method), None)
+
+
+def _trailer(error: grpc.RpcError, key: str) -> str:
+    if not hasattr(error, "trailing_metadata"):
+        return ""
+    for name, value in error.trailing_metadata() or ():
+        if name == key:
+            return value if isinstance(value, str) else value.decode()
+    return ""
+
+
+T = TypeVar("T")
+
+
 class _Base:
     def __init__(self, addr: Optional[str], token: Optional[str], tls: bool,
                  root_certificates: Optional[bytes], private_key: Optional[bytes],
@@ -236,7 +276,11 @@ class _Base:
         self._channel = _channel(self.addr, *self._channel_args)
         self._token = token or ""
 
-    def _call(self, method: Callable, request: Any, timeout: Optional[float] = None) -> Any:
+    def _call(self, method: Union[str, Callable], request: Any,
+              timeout: Optional[float] = None) -> Any:
+        """Calls ``method`` (a method name of the stub, or one of its methods)."""
+        if isinstance(method, str):
+            method = getattr(self._stub, method)
         return _unary(method, request, self._metadata,
                       timeout if timeout is not None else self.timeout)
 
@@ -294,13 +338,13 @@ class Tensor:
 
     def refresh(self) -> "Tensor":
         """Re-reads the tensor's description (GetTensor)."""
-        self.info = self._client._call(self._client._stub.GetTensor,
+        self.info = self._client._call("GetTensor",
                                        pb.GetTensorRequest(handle=self.handle))
         return self
 
     def delete(self) -> int:
         """Frees the tensor; returns the bytes returned to the quota."""
-        r = self._client._call(self._client._stub.DeleteTensor,
+        r = self._client._call("DeleteTensor",
                                pb.DeleteTensorRequest(handle=self.handle))
         return r.released_bytes
 
@@ -342,7 +386,7 @@ class Job:
         request = pb.WaitJobRequest(job_id=self.id)
         if timeout is not None:
             request.timeout.CopyFrom(_duration(timeout))
-        self.proto = self._client._call(self._client._stub.WaitJob, request,
+        self.proto = self._client._call("WaitJob", request,
                                         timeout=None if timeout is None else timeout + 30)
         if not self.done:
             raise errors.DeadlineExceeded(
@@ -351,7 +395,7 @@ class Job:
 
     def cancel(self) -> "Job":
         """Cancels the job if it is still queued (a running job finishes)."""
-        self.proto = self._client._call(self._client._stub.CancelJob,
+        self.proto = self._client._call("CancelJob",
                                         pb.CancelJobRequest(job_id=self.id))
         return self
 
@@ -463,7 +507,7 @@ class Program:
         """Submits the program (the ``with`` block does this on exit)."""
         request = pb.SubmitRequest(steps=self.steps, stream=self.stream, wait=self.wait)
         self.job = Job(self._client, self._client._call(
-            self._client._stub.Submit, request, timeout=self.timeout))
+            "Submit", request, timeout=self.timeout))
         if self.wait:
             self.job.check()
         return self.job
@@ -501,7 +545,11 @@ class Client(_Base):
     In a fleet of servers (docs/fleet.md) the client connects to the node its tenant lives
     on when ``addr`` names another node (one question at connect time), and its calls carry
     ``tessera-follow-home: 1``; ``follow_home=False`` keeps ``addr`` as given and sends no
-    such metadata, so that node forwards the calls to the tenant's home.
+    such metadata, so that node forwards the calls to the tenant's home. It also follows a
+    tenant that moves while it is connected (docs/api.md, "After a move"): a call answered
+    with the redirect is run once more at the new home, and a call that fails Unavailable
+    makes the client ask ``addr`` where the tenant lives now, for the next call.
+    ``client.addr`` is where calls go now.
 
     >>> with tessera.Client("127.0.0.1:50051", token=key) as client:
     ...     t = client.put(np.zeros((4, 4), np.float16))
@@ -515,49 +563,108 @@ class Client(_Base):
                  regions: Optional[bool] = None, follow_home: bool = True) -> None:
         super().__init__(addr, token, tls, root_certificates, private_key, certificate_chain,
                          timeout, max_message_bytes)
-        self._stub = compute_pb2_grpc.ComputeStub(self._channel)
-        if follow_home:
-            self._follow_home()
-            if self._token.startswith("tsk_"):
-                # Every call says this client follows redirects: a node that is not the
-                # tenant's home answers the redirect rather than forwarding the call
-                # (docs/api.md, "Forwarding and redirects").
-                self._metadata += (("tessera-follow-home", "1"),)
+        # The address given (the seed, asked where the tenant lives) and where calls go now.
+        self._seed = self._conn = _Connection(self.addr, self._channel)
+        self._retired: List[grpc.Channel] = []  # channels left by a switch, closed by close()
+        self._switch_lock = threading.Lock()
+        self._regions: Optional[_regions.Regions] = None
+        self._follows = follow_home and self._token.startswith("tsk_")
+        if self._follows:
+            # In a fleet (docs/fleet.md), connect to the node the tenant lives on when the
+            # seed says it lives elsewhere (Compute.Locate, not counted against the tenant's
+            # request quotas): one question, so later calls take no extra hop. Any other
+            # answer (a single server, an older one, the server down) leaves the client as it
+            # is.
+            home = self._locate()
+            if home and home != self.addr:
+                self._switch(self._seed, home)
+            # Every call says this client follows redirects: a node that is not the tenant's
+            # home answers the redirect rather than forwarding the call (docs/api.md,
+            # "Forwarding and redirects").
+            self._metadata += (("tessera-follow-home", "1"),)
         self._regions = self._start_regions(regions)
-        # ReadTensor with the response bytes as they arrive: _read finds each chunk's data in
-        # them and copies it once, into the array (protobuf's parse would copy it twice more).
-        self._read_raw = self._channel.unary_stream(
-            "/tessera.v1.Compute/ReadTensor",
-            request_serializer=pb.ReadTensorRequest.SerializeToString,
-            response_deserializer=None)
-        # WriteTensor with requests the caller serialized (_write_chunk writes a chunk's bytes
-        # once, where protobuf's message and serializer would copy them twice more).
-        self._write_raw = self._channel.stream_unary(
-            "/tessera.v1.Compute/WriteTensor",
-            request_serializer=None,
-            response_deserializer=pb.TensorInfo.FromString)
         self._kernel_cache: Dict[str, Kernel] = {}
 
-    def _follow_home(self) -> None:
-        """In a fleet (docs/fleet.md), connects to the node the tenant lives on when the
-        server says it lives elsewhere (Compute.Locate, not counted against the tenant's
-        request quotas): one question at connect time, so later calls take no extra hop. Any
-        other answer (a single server, an older one, the server down) leaves the client as
-        it is."""
-        if not self._token.startswith("tsk_"):
-            return
+    @property
+    def _stub(self) -> compute_pb2_grpc.ComputeStub:
+        return self._conn.stub
+
+    # ---- following the tenant's home (docs/api.md, "After a move") ----------------------
+    def _call(self, method: Union[str, Callable], request: Any,
+              timeout: Optional[float] = None) -> Any:
+        """Calls ``method`` (a method name, or a method of ``self._stub``), following the
+        tenant to another node as ``_run`` does."""
+        timeout = timeout if timeout is not None else self.timeout
+        name = method if isinstance(method, str) else self._conn.name_of(method)
+        if name is None:  # not a stub method: no second try elsewhere
+            return self._run(lambda conn: method(request, metadata=self._metadata,
+                                                 timeout=timeout))
+        return self._run(lambda conn: getattr(conn.stub, name)(
+            request, metadata=self._metadata, timeout=timeout))
+
+    def _run(self, attempt: Callable[[_Connection], T]) -> T:
+        """``attempt(connection)`` on the current connection. Answered with the redirect
+        (FAILED_PRECONDITION with a ``tessera-home-address`` trailer: the call did not run),
+        the client switches to that node and runs it once more there; answered UNAVAILABLE, it
+        asks the seed where the tenant lives and switches there for later calls (this one
+        raises: it may have run). One switch per call at most."""
+        conn = self._conn
+        for tries in range(2):
+            try:
+                return attempt(conn)
+            except grpc.RpcError as e:
+                again = self._follow(conn, e) if tries == 0 else None
+                if again is None:
+                    _raise(e)
+                conn = again
+        raise AssertionError("not reached")
+
+    def _follow(self, used: _Connection, error: grpc.RpcError) -> Optional[_Connection]:
+        """After ``error`` on ``used``: the connection to run the call on again, or None."""
+        if not self._follows or not hasattr(error, "code"):
+            return None
+        code = error.code()
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            home = _trailer(error, "tessera-home-address")
+            if not home or home == used.addr:
+                return None
+            return self._switch(used, home)
+        if code == grpc.StatusCode.UNAVAILABLE and self._conn is used:
+            home = self._locate()
+            if home and home != used.addr:
+                self._switch(used, home)
+        return None
+
+    def _locate(self) -> Optional[str]:
+        """Compute.Locate through the seed: the tenant's home address (the seed's when the
+        tenant is there), or None when the seed does not say."""
         try:
-            where = self._stub.Locate(pb.LocateRequest(), metadata=self._metadata,
-                                      timeout=min(self.timeout or 5.0, 5.0))
+            where = self._seed.stub.Locate(pb.LocateRequest(), metadata=self._metadata,
+                                           timeout=min(self.timeout or 5.0, 5.0))
         except grpc.RpcError:
-            return
-        home = where.address
-        if where.here or not home:
-            return
-        self._channel.close()
-        self.addr = home
-        self._channel = _channel(self.addr, *self._channel_args)
-        self._stub = compute_pb2_grpc.ComputeStub(self._channel)
+            return None
+        if where.here:
+            return self._seed.addr
+        return where.address or None
+
+    def _switch(self, used: _Connection, addr: str) -> _Connection:
+        """Makes ``addr`` where calls go, unless another call switched since ``used`` (then
+        keeps that); returns the current connection. Regions are node-local: after a switch,
+        transfers stream (the old node dropped the moved tenant's regions)."""
+        new = self._seed if addr == self._seed.addr else _Connection(
+            addr, _channel(addr, *self._channel_args))
+        with self._switch_lock:
+            if self._conn is not used:
+                if new is not self._seed:
+                    new.channel.close()
+                return self._conn
+            self._conn, self.addr, self._channel = new, addr, new.channel
+            if used is not self._seed:
+                self._retired.append(used.channel)  # calls in flight on it finish there
+            regions, self._regions = self._regions, None
+        if regions is not None:
+            self._close_regions.detach()
+        return new
 
     def _start_regions(self, wanted: Optional[bool]) -> Optional[_regions.Regions]:
         path = _regions.unix_socket_path(self.addr)
@@ -580,14 +687,23 @@ class Client(_Base):
     @property
     def uses_regions(self) -> bool:
         """True while transfers go through a shared-memory region: a ``unix:`` address,
-        regions not turned off, and not refused by the server so far."""
-        return self._regions is not None and self._regions.enabled
+        regions not turned off, not refused by the server so far, and the client still on
+        the node it reached first."""
+        regions = self._regions
+        return regions is not None and regions.enabled
 
     def close(self) -> None:
-        """Unregisters the client's region (if any), then closes the channel."""
+        """Unregisters the client's region (if any), then closes the channels."""
         if self._regions is not None:
             self._close_regions()
-        super().close()
+        with self._switch_lock:
+            channels = [self._conn.channel, self._seed.channel] + self._retired
+            self._retired = []
+        closed: List[int] = []
+        for channel in channels:
+            if id(channel) not in closed:
+                closed.append(id(channel))
+                channel.close()
 
     # ---- tensors ----------------------------------------------------------------------
     def put(self, array: Any, dtype: Optional[str] = None,
@@ -615,9 +731,10 @@ class Client(_Base):
         if chunk_bytes <= 0:
             raise errors.InvalidArgument("chunk_bytes must be > 0")
         spec = pb.TensorSpec(dtype=enum, shape=array.shape)
-        if self._regions is not None:
+        regions = self._regions
+        if regions is not None:
             source = array
-            done = self._regions.run(source.size * wire.itemsize,
+            done = regions.run(source.size * wire.itemsize,
                                      lambda region: self._put_region(region, spec, source, wire))
             if done is not None:
                 if progress:
@@ -628,7 +745,7 @@ class Client(_Base):
         total = len(data)
         # CreateTensor carries at most 16 MiB inline (the server's limit); more streams.
         if total <= min(chunk_bytes, CREATE_TENSOR_MAX_BYTES):
-            info = self._call(self._stub.CreateTensor,
+            info = self._call("CreateTensor",
                               pb.CreateTensorRequest(spec=spec, data=data.tobytes()))
             if progress:
                 progress(total, total)
@@ -642,14 +759,16 @@ class Client(_Base):
                 if progress:
                     progress(offset + n, total)
 
-        return Tensor(self, self._call(self._write_raw, requests()))
+        # Sent again, whole, after the redirect (the data is still there).
+        return Tensor(self, self._run(lambda conn: conn.write_raw(
+            requests(), metadata=self._metadata, timeout=self.timeout)))
 
     def _put_region(self, region: _regions.Region, spec: pb.TensorSpec, array: np.ndarray,
                     wire: np.dtype) -> pb.TensorInfo:
         nbytes = array.size * wire.itemsize
         # The one copy on this side, which also converts strides, byte order and dtype.
         np.copyto(region.array(nbytes).view(wire).reshape(array.shape), array, casting="unsafe")
-        return self._call(self._stub.WriteTensorFromRegion, pb.WriteTensorFromRegionRequest(
+        return self._call("WriteTensorFromRegion", pb.WriteTensorFromRegionRequest(
             create=spec, region=region.handle, offset=0, length=nbytes))
 
     def get(self, tensor: Union[Tensor, str], copy: bool = True,
@@ -671,14 +790,14 @@ class Client(_Base):
 
     def tensor(self, handle: str) -> Tensor:
         """The tensor with this handle (GetTensor; NotFound if it is not this tenant's)."""
-        return Tensor(self, self._call(self._stub.GetTensor, pb.GetTensorRequest(handle=handle)))
+        return Tensor(self, self._call("GetTensor", pb.GetTensorRequest(handle=handle)))
 
     def tensors(self) -> List[Tensor]:
         """All of this tenant's tensors."""
         out: List[Tensor] = []
         token = ""
         while True:
-            r = self._call(self._stub.ListTensors,
+            r = self._call("ListTensors",
                            pb.ListTensorsRequest(page_size=1000, page_token=token))
             out.extend(Tensor(self, info) for info in r.tensors)
             token = r.next_page_token
@@ -687,10 +806,11 @@ class Client(_Base):
 
     def _read(self, handle: str, progress: Optional[Progress], size: Optional[int] = None,
               copy: bool = True) -> np.ndarray:
-        if self._regions is not None and self._regions.enabled:
+        regions = self._regions
+        if regions is not None and regions.enabled:
             if size is None:  # the region must hold the tensor: ask its size
                 size = self.tensor(handle).size_bytes
-            got = self._regions.run(
+            got = regions.run(
                 size, lambda region: self._read_region(region, handle, copy))
             if got is not None:
                 if progress:
@@ -699,7 +819,7 @@ class Client(_Base):
         return self._read_stream(handle, progress)
 
     def _read_region(self, region: _regions.Region, handle: str, copy: bool) -> np.ndarray:
-        r = self._call(self._stub.ReadTensorIntoRegion,
+        r = self._call("ReadTensorIntoRegion",
                        pb.ReadTensorIntoRegionRequest(handle=handle, region=region.handle))
         if r.bytes != r.info.size_bytes:
             raise errors.DataLoss(f"ReadTensorIntoRegion copied {r.bytes} of "
@@ -716,28 +836,30 @@ class Client(_Base):
     def _read_stream(self, handle: str, progress: Optional[Progress]) -> np.ndarray:
         chunk = max(4096, min(READ_CHUNK_BYTES, self.max_message_bytes // 2))
         request = pb.ReadTensorRequest(handle=handle, chunk_bytes=chunk)
+        # Read again from the start after the redirect (which comes before any message).
+        return self._run(lambda conn: self._read_stream_from(conn, request, progress))
+
+    def _read_stream_from(self, conn: _Connection, request: pb.ReadTensorRequest,
+                          progress: Optional[Progress]) -> np.ndarray:
         buf: Optional[np.ndarray] = None
         info: Optional[pb.TensorInfo] = None
         done = 0
-        try:
-            for raw in self._read_raw(request, metadata=self._metadata, timeout=self.timeout):
-                first, offset, data = _read_tensor_response(raw)
-                if info is None:
-                    if first is None:
-                        raise errors.DataLoss("ReadTensor's first message has no TensorInfo")
-                    info = first
-                    buf = _buffers.empty(info.size_bytes)
-                assert buf is not None
-                if offset != done:
-                    raise errors.DataLoss("ReadTensor returned chunks out of order")
-                if done + len(data) > info.size_bytes:
-                    raise errors.DataLoss("ReadTensor returned more bytes than the tensor has")
-                buf[done:done + len(data)] = np.frombuffer(data, np.uint8)
-                done += len(data)
-                if progress:
-                    progress(done, info.size_bytes)
-        except grpc.RpcError as e:
-            _raise(e)
+        for raw in conn.read_raw(request, metadata=self._metadata, timeout=self.timeout):
+            first, offset, data = _read_tensor_response(raw)
+            if info is None:
+                if first is None:
+                    raise errors.DataLoss("ReadTensor's first message has no TensorInfo")
+                info = first
+                buf = _buffers.empty(info.size_bytes)
+            assert buf is not None
+            if offset != done:
+                raise errors.DataLoss("ReadTensor returned chunks out of order")
+            if done + len(data) > info.size_bytes:
+                raise errors.DataLoss("ReadTensor returned more bytes than the tensor has")
+            buf[done:done + len(data)] = np.frombuffer(data, np.uint8)
+            done += len(data)
+            if progress:
+                progress(done, info.size_bytes)
         if info is None or buf is None:
             raise errors.DataLoss("ReadTensor returned no messages")
         if done != info.size_bytes:
@@ -756,7 +878,7 @@ class Client(_Base):
     # ---- kernels and jobs ---------------------------------------------------------------
     def kernels(self) -> List[Kernel]:
         """The catalog's kernels and this tenant's own, with signatures."""
-        r = self._call(self._stub.ListKernels, pb.ListKernelsRequest())
+        r = self._call("ListKernels", pb.ListKernelsRequest())
         kernels = [Kernel(k) for k in r.kernels]
         self._kernel_cache = {k.name: k for k in kernels}
         return kernels
@@ -778,7 +900,7 @@ class Client(_Base):
             request.attrs[k].CopyFrom(_attr(k, v))
         if queue_timeout is not None:
             request.queue_timeout.CopyFrom(_duration(queue_timeout))
-        return Job(self, self._call(self._stub.Launch, request, timeout=timeout))
+        return Job(self, self._call("Launch", request, timeout=timeout))
 
     def run(self, kernel: str, *inputs: Operand, timeout: Optional[float] = None,
             stream: int = 0, **attrs: Any) -> Union[Tensor, Tuple[Tensor, ...]]:
@@ -806,7 +928,7 @@ class Client(_Base):
         request = pb.SynchronizeRequest()
         if stream is not None:
             request.stream = stream
-        return self._call(self._stub.Synchronize, request, timeout=timeout).jobs_completed
+        return self._call("Synchronize", request, timeout=timeout).jobs_completed
 
     def define_kernel(self, source: str) -> Kernel:
         """Defines a tenant kernel from its text (docs/kernels.md).
@@ -814,18 +936,18 @@ class Client(_Base):
         >>> client.define_kernel("kernel axpy(x: f32, y: f32) -> (z: f32) "
         ...                      "{ z = 2.0 * x + y }")
         """
-        k = Kernel(self._call(self._stub.DefineKernel, pb.DefineKernelRequest(source=source)))
+        k = Kernel(self._call("DefineKernel", pb.DefineKernelRequest(source=source)))
         self._kernel_cache.pop(k.name, None)
         return k
 
     def delete_kernel(self, name: str) -> None:
         """Deletes one of this tenant's kernels."""
-        self._call(self._stub.DeleteKernel, pb.DeleteKernelRequest(name=name))
+        self._call("DeleteKernel", pb.DeleteKernelRequest(name=name))
         self._kernel_cache.pop(name, None)
 
     def usage(self) -> pb.Usage:
         """The tenant's memory and job counters (a tessera.v1.Usage message)."""
-        return self._call(self._stub.GetUsage, pb.GetUsageRequest())
+        return self._call("GetUsage", pb.GetUsageRequest())
 
 
 class Admin(_Base):
@@ -863,18 +985,18 @@ class Admin(_Base):
                             max_region_bytes=max_region_bytes))
         if device_index is not None:
             request.device_index = device_index
-        r = self._call(self._stub.RegisterTenant, request)
+        r = self._call("RegisterTenant", request)
         return r.tenant, r.api_key
 
     def get(self, tenant_id: str) -> apb.Tenant:
-        return self._call(self._stub.GetTenant, apb.GetTenantRequest(tenant_id=tenant_id))
+        return self._call("GetTenant", apb.GetTenantRequest(tenant_id=tenant_id))
 
     def list(self) -> List[apb.Tenant]:
         """Every tenant, ordered by id."""
         out: List[apb.Tenant] = []
         token = ""
         while True:
-            r = self._call(self._stub.ListTenants,
+            r = self._call("ListTenants",
                            apb.ListTenantsRequest(page_size=100, page_token=token))
             out.extend(r.tenants)
             token = r.next_page_token
@@ -894,26 +1016,26 @@ class Admin(_Base):
             paths.append("labels")
         request = apb.UpdateTenantRequest(tenant=tenant,
                                           update_mask=field_mask_pb2.FieldMask(paths=paths))
-        return self._call(self._stub.UpdateTenant, request)
+        return self._call("UpdateTenant", request)
 
     def deregister(self, tenant_id: str) -> int:
         """Removes a tenant; returns the memory bytes released."""
-        r = self._call(self._stub.DeregisterTenant,
+        r = self._call("DeregisterTenant",
                        apb.DeregisterTenantRequest(tenant_id=tenant_id))
         return r.released_memory_bytes
 
     def rotate_key(self, tenant_id: str) -> str:
         """Issues a new API key (the old one stops working at once); returns it."""
-        return self._call(self._stub.RotateTenantKey,
+        return self._call("RotateTenantKey",
                           apb.RotateTenantKeyRequest(tenant_id=tenant_id)).api_key
 
     def server_info(self) -> apb.ServerInfo:
-        return self._call(self._stub.GetServerInfo, apb.GetServerInfoRequest())
+        return self._call("GetServerInfo", apb.GetServerInfoRequest())
 
     def mps_status(self) -> apb.MpsStatus:
-        return self._call(self._stub.GetMpsStatus, apb.GetMpsStatusRequest())
+        return self._call("GetMpsStatus", apb.GetMpsStatusRequest())
 
     def terminate_work(self, tenant_id: str) -> int:
         """Cancels a tenant's queued jobs; returns how many."""
-        return self._call(self._stub.TerminateTenantWork,
+        return self._call("TerminateTenantWork",
                           apb.TerminateTenantWorkRequest(tenant_id=tenant_id)).cancelled_jobs

@@ -20,7 +20,7 @@ SERVER = os.environ.get("TESSERA_SERVER_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "..", "build", "server", "tessera-server")
 
 
-# The fake CUDA driver's directory (tests/testing/fake_cuda), set by ctest when the CUDA module
+# The fake CUDA driver's directory (tests/fake_cuda/driver), set by ctest when the CUDA module
 # is built: a server started with backend="cuda" runs the module's real code on it.
 FAKE_CUDA_DIR = os.environ.get("TESSERA_FAKE_CUDA_DIR", "")
 

@@ -10,8 +10,9 @@
 
 #include <unistd.h>
 
+#include "common/fd_io.h"
+#include "server/backend/cuda/kernel_compiler_args.h"
 #include "server/backend/cuda/nvrtc_library.h"
-#include "server/common/fd_io.h"
 
 namespace {
 
@@ -30,30 +31,18 @@ int Usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool version = false;
-  int arch = 0;
-  std::string name = "kernel";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--version") {
-      version = true;
-    } else if (arg.rfind("--gpu-architecture=", 0) == 0) {
-      arch = ParseArchitecture(arg);
-      if (arch == 0) return Usage();
-    } else if (arg.rfind("--name=", 0) == 0) {
-      name = arg.substr(7);
-    } else {
-      return Usage();
-    }
+  KernelCompilerArgs args;
+  if (ParseKernelCompilerArgs(argc, argv, &args) != nullptr || args.malformed_arch ||
+      !args.AsksOneThing()) {
+    return Usage();
   }
-  if (version == (arch != 0)) return Usage();
   std::string error;
   std::unique_ptr<NvrtcLibrary> nvrtc = NvrtcLibrary::Load(&error);
   if (nvrtc == nullptr) {
     std::fprintf(stderr, "cannot load NVRTC (libnvrtc.so.13): %s\n", error.c_str());
     return kCompilerNoNvrtc;
   }
-  if (version) {
+  if (args.version) {
     return WriteAll(1, nvrtc->Version() + "\n") ? kCompilerOk : kCompilerUsage;
   }
   std::string source, image;
@@ -61,7 +50,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "reading the source: %s\n", std::strerror(errno));
     return kCompilerUsage;
   }
-  const int status = nvrtc->Compile(source, arch, name, &image, &error);
+  const int status = nvrtc->Compile(source, args.arch, args.name, &image, &error);
   if (status != kCompilerOk) {
     std::fprintf(stderr, "%s\n", error.c_str());
     return status;

@@ -14,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
-#include "server/common/fd_io.h"
+#include "common/fd_io.h"
 
 namespace tessera::cuda {
 namespace {

@@ -21,7 +21,7 @@
 namespace tessera::cuda {
 
 /// A program at the node limit (kernels/expr/ast.h) compiles in about 2 s with a peak
-/// resident size of about 160 MiB (tests/gpu/cuda_codegen_test.cc); these leave an order of
+/// resident size of about 160 MiB (tests/fake_cuda/cuda_codegen_test.cc); these leave an order of
 /// magnitude for a loaded host.
 struct KernelCompilerLimits {
   /// Wall-clock time of one compilation ($TESSERA_KERNEL_COMPILE_TIMEOUT, seconds, overrides).

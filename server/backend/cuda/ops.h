@@ -62,8 +62,8 @@ inline constexpr int kMaxRowBlock = 1024;
 inline constexpr int kTestFaultBlock = 1;
 
 /// The most threads per block the module launches `launcher`'s kernels with (0 for those that
-/// launch none). tests/gpu/resources_test.cc checks each kernel's registers and shared memory,
-/// as ptxas reports them for sm_80 and sm_90, against these.
+/// launch none). tests/unit/kernels/cuda/resources_test.cc checks each kernel's registers and
+/// shared memory, as ptxas reports them for sm_80 and sm_90, against these.
 int MaxThreadsPerBlock(CudaLauncher launcher);
 
 /// Every entry point the embedded fatbins export (the instantiations in kernels/cuda/*.cu),

@@ -15,7 +15,10 @@
 #include "gtest/gtest.h"
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/expr/compile.h"
+#include "kernels/expr/user_kernel.h"
 #include "kernels/registry.h"
+#include "tests/testing/expr_math_cases.h"
 #include "tests/testing/host_tensor.h"
 
 namespace tessera::kernels {
@@ -295,6 +298,40 @@ TEST_F(AccuracyTest, CastAndFillRoundOnce) {
     ASSERT_TRUE(RunCpuKernel(*fill, {}, fout, parallel_).ok());
     EXPECT_TRUE(WithinBound(BoundFor("fill", to), to, 1.0 / 3, f.Get(0)));
   }
+}
+
+// The C-library functions of tenant-defined kernels (sin ... isfinite) on the CPU backend, over
+// edge values and random ones (tests/testing/expr_math_cases.h; the CUDA path runs the same
+// cases in tests/fake_cuda/user_kernels_test.cc).
+TEST_F(AccuracyTest, EveryTenantKernelMathFunctionIsWithinItsDocumentedBoundOnTheCpu) {
+  std::mt19937 rng(34);
+  int pairs = 0;
+  for (const testing::MathCase& c : testing::MathCases()) {
+    for (DType d : testing::kMathDTypes) {
+      SCOPED_TRACE(absl::StrCat(c.name, " ", DTypeName(d)));
+      auto definition = expr::ParseSource(testing::MathCaseSource(c, d));
+      ASSERT_TRUE(definition.ok()) << definition.status();
+      auto kernel = expr::MakeUserKernel(*std::move(definition));
+      ASSERT_TRUE(kernel.ok()) << kernel.status();
+      const std::vector<HostTensor> in = testing::MathCaseInputs(c, d, rng);
+      std::vector<TensorMeta> metas;
+      std::vector<const void*> in_ptrs;
+      for (const HostTensor& t : in) {
+        metas.push_back(t.meta);
+        in_ptrs.push_back(t.data());
+      }
+      auto plan = PrepareKernel((*kernel)->def, metas, {});
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      plan->user = *kernel;
+      HostTensor out(plan->outputs[0].dtype, plan->outputs[0].shape);
+      std::vector<void*> out_ptrs = {out.data()};
+      ASSERT_TRUE((*kernel)->cpu->Run(*plan, in_ptrs, out_ptrs, parallel_).ok());
+      EXPECT_EQ(testing::CheckMathCase(c, d, in, out), "");
+      ++pairs;
+    }
+  }
+  std::printf("accuracy: %d (function, float dtype) pairs of tenant kernels within their bounds\n",
+              pairs);
 }
 
 TEST_F(AccuracyTest, TheBoundsSayWhatTheyMean) {
