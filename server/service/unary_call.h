@@ -42,6 +42,13 @@ template <typename Authenticate, typename Body, typename Schedule = RunInline>
 grpc::ServerUnaryReactor* ServeUnary(grpc::CallbackServerContext* context, const char* rpc,
                                      Authenticate authenticate, Body body, Schedule schedule = {}) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if constexpr (std::is_same_v<Schedule, RunInline>) {
+    // The hot path (GetUsage, GetTensor, CancelJob, ...): no task, no shared log to allocate.
+    CallLog log(context, rpc);
+    auto caller = authenticate(log);
+    reactor->Finish(log.Finish(caller.ok() ? body(*caller, log) : caller.status()));
+    return reactor;
+  }
   auto log = std::make_shared<CallLog>(context, rpc);
   auto caller = authenticate(*log);
   if (!caller.ok()) {
