@@ -201,9 +201,16 @@ grpc::ServerUnaryReactor* ComputeService::Enqueue(grpc::CallbackServerContext* c
     return reactor;
   }
   // A client that goes away takes its job with it if the job has not started; a passed
-  // deadline is left to the scheduler, which ends the job DEADLINE_EXCEEDED.
-  reactor->SetCancelAction([runtime, id = job->id, deadline] {
-    if (absl::Now() < deadline) (void)runtime->CancelJob(id);
+  // deadline is left to the scheduler, which ends the job DEADLINE_EXCEEDED. A call forwarded
+  // by another node reaches here with the caller's deadline plus the hop's latency, so the
+  // forwarding node's timer ends the call here a little before our deadline: a cancellation
+  // that close to a forwarded call's deadline is that deadline passing (the job expires).
+  absl::Time cancels_until = deadline;
+  if (context->client_metadata().count(kForwardedByMetadata) > 0) {
+    cancels_until -= kForwardedDeadlineSlack;
+  }
+  reactor->SetCancelAction([runtime, id = job->id, cancels_until] {
+    if (absl::Now() < cancels_until) (void)runtime->CancelJob(id);
   });
   return reactor;
 }

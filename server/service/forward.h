@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "google/protobuf/message_lite.h"
 #include "grpcpp/grpcpp.h"
 
@@ -33,6 +34,10 @@ inline constexpr char kFollowHomeMetadata[] = "tessera-follow-home";
 /// forwarded again (one hop at most): a node that is not the tenant's home answers it with
 /// the redirect (or UNAVAILABLE) as it would without forwarding.
 inline constexpr char kForwardedByMetadata[] = "tessera-forwarded-by";
+/// How long before a forwarded waiting call's deadline a cancellation is taken for that
+/// deadline passing at the forwarding node (whose timer runs ahead of ours by the hop's
+/// latency): the queued job then expires at its deadline rather than being cancelled.
+inline constexpr absl::Duration kForwardedDeadlineSlack = absl::Milliseconds(250);
 
 struct ForwardOptions {
   /// This node's name in the fleet (kForwardedByMetadata); empty: a single server, no
