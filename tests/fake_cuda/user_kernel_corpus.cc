@@ -545,16 +545,29 @@ std::set<std::string> Features(const UserCase& c) {
 std::vector<UserCase> RepresentativeSlice(const std::vector<UserCase>& cases, int stride) {
   std::vector<UserCase> slice;
   std::set<std::string> covered;
-  for (size_t i = 0; i < cases.size(); i += static_cast<size_t>(stride)) {
+  std::vector<std::set<std::string>> features;
+  std::vector<bool> taken(cases.size(), false);
+  features.reserve(cases.size());
+  for (const UserCase& c : cases) features.push_back(Features(c));
+  auto take = [&](size_t i) {
     slice.push_back(cases[i]);
-    for (const std::string& f : Features(cases[i])) covered.insert(f);
-  }
-  for (size_t i = 0; i < cases.size(); ++i) {
-    if (i % static_cast<size_t>(stride) == 0) continue;
-    const std::set<std::string> features = Features(cases[i]);
-    if (std::includes(covered.begin(), covered.end(), features.begin(), features.end())) continue;
-    slice.push_back(cases[i]);
-    covered.insert(features.begin(), features.end());
+    covered.insert(features[i].begin(), features[i].end());
+    taken[i] = true;
+  };
+  for (size_t i = 0; i < cases.size(); i += static_cast<size_t>(stride)) take(i);
+  for (;;) {  // the case adding the most features not held yet, until none adds any
+    size_t best = cases.size(), best_new = 0;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (taken[i]) continue;
+      size_t added = 0;
+      for (const std::string& f : features[i]) added += covered.count(f) == 0 ? 1 : 0;
+      if (added > best_new) {
+        best = i;
+        best_new = added;
+      }
+    }
+    if (best == cases.size()) break;
+    take(best);
   }
   return slice;
 }

@@ -85,7 +85,8 @@ std::vector<UserCase> Corpus(int elementwise, int reductions, uint32_t seed);
 std::set<std::string> Features(const UserCase& c);
 
 /// A fixed slice of `cases` that holds every feature of the whole: every `stride`-th case, then
-/// each later case that holds a feature none taken so far has, in order.
+/// greedily the case that holds the most features none taken so far has (the first of equals),
+/// until every feature is held.
 std::vector<UserCase> RepresentativeSlice(const std::vector<UserCase>& cases, int stride);
 
 /// Random inputs for a case: values around the interesting ranges of each dtype, with
