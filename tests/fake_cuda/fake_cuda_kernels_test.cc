@@ -12,7 +12,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -25,6 +24,7 @@
 
 #include "kernels/cuda/params.h"
 #include "tests/fake_cuda/driver/fake_cuda.h"
+#include "tests/fake_cuda/driver_api.h"
 
 namespace tessera {
 namespace {
@@ -50,23 +50,12 @@ std::string ReadFile(const char* path) {
 class FakeCudaKernelsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    setenv("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent/tessera-no-mps", 1);
-    library_ = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    ASSERT_NE(library_, nullptr) << dlerror();
-    fake_ = testing::FakeCudaDriver::Loaded();
-    ASSERT_TRUE(fake_.has_value()) << "libcuda.so.1 is not the fake driver";
-    auto get_proc =
-        reinterpret_cast<decltype(&::cuGetProcAddress)>(dlsym(library_, "cuGetProcAddress_v2"));
-    ASSERT_NE(get_proc, nullptr);
-    auto fetch = [&](const char* name, auto& fn) {
-      void* p = nullptr;
-      get_proc(name, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, nullptr);
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-      ASSERT_NE(p, nullptr) << name;
-    };
-#define FAKE_KERNEL_TEST_FETCH(name) fetch(#name, name);
+    testing::GetProcAddress get_proc = nullptr;
+    ASSERT_NO_FATAL_FAILURE(testing::OpenFakeDriver(&library_, &fake_, &get_proc));
+#define FAKE_KERNEL_TEST_FETCH(name) testing::FetchEntry(get_proc, #name, name);
     FAKE_KERNEL_TEST_ENTRIES(FAKE_KERNEL_TEST_FETCH)
 #undef FAKE_KERNEL_TEST_FETCH
+    if (HasFatalFailure()) return;  // an entry point is missing
     fake_->Reset();
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     test_image_ = ReadFile(TESSERA_TEST_KERNELS_FATBIN);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 
 #include "kernels/dtype.h"
+#include "kernels/expr/names.h"
 #include "kernels/shape.h"
 
 namespace tessera::testing {
@@ -40,7 +41,7 @@ std::string Sha256Hex(const std::string& data) {
   return hex;
 }
 
-bool IsFloatType(Type t) { return t == Type::kF32 || t == Type::kF64; }
+using kernels::expr::internal::IsFloat;
 
 }  // namespace
 
@@ -87,7 +88,7 @@ int32_t ProgramBuilder::Const(Type type, double value) {
   Node n;
   n.kind = NodeKind::kConst;
   n.type = type;
-  if (IsFloatType(type)) {
+  if (IsFloat(type)) {
     n.f = value;
   } else {
     n.i = static_cast<int64_t>(value);
@@ -472,10 +473,10 @@ UserCase Reduction(int id, std::mt19937& rng) {
   int32_t post = b.Reduced();
   switch (pick(4)) {
     case 1:
-      if (IsFloatType(acc)) post = b.Binary(BinaryOp::kDiv, post, b.Cast(b.Count(), acc));
+      if (IsFloat(acc)) post = b.Binary(BinaryOp::kDiv, post, b.Cast(b.Count(), acc));
       break;
     case 2:
-      if (IsFloatType(acc) && params > 0) post = b.Binary(BinaryOp::kMul, post, b.Param(0, acc));
+      if (IsFloat(acc) && params > 0) post = b.Binary(BinaryOp::kMul, post, b.Param(0, acc));
       break;
     case 3:
       if (acc == Type::kI64) post = b.Binary(BinaryOp::kAdd, post, b.ConstInt(1));

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "kernels/accuracy.h"
+#include "kernels/expr/names.h"
 #include "kernels/shape.h"
 #include "tests/fake_cuda/user_kernel_corpus.h"
 
@@ -27,7 +28,7 @@ using kernels::expr::ScalarKind;
 using kernels::expr::Type;
 using kernels::expr::UnaryOp;
 
-bool IsFloatType(Type t) { return t == Type::kF32 || t == Type::kF64; }
+using kernels::expr::internal::IsFloat;
 
 struct Value {
   Type type = Type::kF32;
@@ -724,7 +725,7 @@ Expected Evaluate(const kernels::Plan& plan, const std::vector<HostTensor>& inpu
     Store(out, e.values[0], o);
     // Another order of a float sum or product rounds differently: bound the accumulated error
     // and see how far the post-expression moves with it.
-    if (!arg && IsFloatType(acc_type) &&
+    if (!arg && IsFloat(acc_type) &&
         (red.combine == Combine::kSum || red.combine == Combine::kProd)) {
       const double eps = acc_type == Type::kF32 ? 0x1p-24 : 0x1p-53;
       const double bound = (static_cast<double>(count) + 2) * eps *

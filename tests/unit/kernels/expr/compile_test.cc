@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+#include "kernels/expr/names.h"
 #include "kernels/shape.h"
 
 namespace tessera::kernels::expr {
@@ -43,21 +44,8 @@ Definition Def(std::string body, std::vector<OperandDef> outputs = {Op("y")}) {
   return d;
 }
 
-const char* TypeStr(Type t) {
-  switch (t) {
-    case Type::kBool:
-      return "bool";
-    case Type::kI64:
-      return "i64";
-    case Type::kF32:
-      return "f32";
-    case Type::kF64:
-      return "f64";
-  }
-  return "?";
-}
-
-bool IsFloatType(Type t) { return t == Type::kF32 || t == Type::kF64; }
+using kernels::expr::internal::IsFloat;
+using kernels::expr::internal::TypeName;
 
 // Func's names, in its order.
 constexpr const char* kFunctionNames[] = {
@@ -96,21 +84,21 @@ std::string Render(const Program& p, int32_t index) {
       return "?";
     case NodeKind::kUnary: {
       static const char* kNames[] = {"neg", "not", "~"};
-      return absl::StrCat("(", kNames[n.op], ":", TypeStr(n.type), " ", args(), ")");
+      return absl::StrCat("(", kNames[n.op], ":", TypeName(n.type), " ", args(), ")");
     }
     case NodeKind::kBinary: {
       static const char* kNames[] = {"+",  "-",  "*",  "/",  "%", "<", "<=", ">",  ">=",
                                      "==", "!=", "&&", "||", "&", "|", "^",  "<<", ">>"};
-      return absl::StrCat("(", kNames[n.op], ":", TypeStr(n.type), " ", args(), ")");
+      return absl::StrCat("(", kNames[n.op], ":", TypeName(n.type), " ", args(), ")");
     }
     case NodeKind::kCall:
-      return absl::StrCat("(", kFunctionNames[n.op], ":", TypeStr(n.type), " ", args(), ")");
+      return absl::StrCat("(", kFunctionNames[n.op], ":", TypeName(n.type), " ", args(), ")");
     case NodeKind::kWhere:
-      return absl::StrCat("(where:", TypeStr(n.type), " ", args(), ")");
+      return absl::StrCat("(where:", TypeName(n.type), " ", args(), ")");
     case NodeKind::kCast:
-      return absl::StrCat("(cast:", TypeStr(n.type), " ", args(), ")");
+      return absl::StrCat("(cast:", TypeName(n.type), " ", args(), ")");
     case NodeKind::kReduced:
-      return absl::StrCat("reduced:", TypeStr(n.type));
+      return absl::StrCat("reduced:", TypeName(n.type));
     case NodeKind::kCount:
       return "count";
   }
@@ -189,14 +177,14 @@ void ExpectWellFormed(const Program& p) {
         ASSERT_EQ(n.args.size(), static_cast<size_t>(FuncArity(f)));
         if (IsPredicate(f)) {
           EXPECT_EQ(n.type, Type::kBool);
-          EXPECT_TRUE(IsFloatType(arg(0)));
+          EXPECT_TRUE(IsFloat(arg(0)));
           break;
         }
         for (size_t k = 0; k < n.args.size(); ++k) EXPECT_EQ(arg(k), n.type);
         if (f == Func::kAbs || f == Func::kMaximum || f == Func::kMinimum) {
           EXPECT_NE(n.type, Type::kBool);
         } else {
-          EXPECT_TRUE(IsFloatType(n.type));
+          EXPECT_TRUE(IsFloat(n.type));
         }
         break;
       }
@@ -227,7 +215,7 @@ void ExpectWellFormed(const Program& p) {
     Type t = p.nodes[p.results[o]].type;
     DType out = d.outputs[o].dtype;
     EXPECT_EQ(t == Type::kBool, out == DType::kBool);
-    if (IsFloatType(t)) {
+    if (IsFloat(t)) {
       EXPECT_TRUE(IsFloating(out));
     }
   }
@@ -399,16 +387,21 @@ TEST(CompileTest, WhereJoinsItsBranches) {
   EXPECT_EQ(Result(Ok("y = where(m, x, -inf)")), "(where:f32 m x -inff)");
 }
 
+// A unary math function `f` keeps a float argument's type and promotes an integer to f32 (a
+// constant to f64, then cast to the other operand's type).
+void ExpectFloatFunctionTyping(const char* f) {
+  EXPECT_EQ(Result(Ok(absl::StrCat("y = ", f, "(x)"))), absl::StrCat("(", f, ":f32 x)"));
+  EXPECT_EQ(Result(Ok(absl::StrCat("y = ", f, "(d)"), {Op("y", DType::kF64)})),
+            absl::StrCat("(", f, ":f64 d)"));
+  EXPECT_EQ(Result(Ok(absl::StrCat("y = ", f, "(i)"))), absl::StrCat("(", f, ":f32 (cast:f32 i))"));
+  EXPECT_EQ(Result(Ok(absl::StrCat("y = x * ", f, "(2)"))),
+            absl::StrCat("(*:f32 x (cast:f32 (", f, ":f64 2d)))"));
+}
+
 TEST(CompileTest, MathFunctionsTakeFloatsAndPromoteIntegers) {
   for (const char* f : {"exp", "log", "sqrt", "rsqrt", "relu", "gelu", "sigmoid", "tanh"}) {
     SCOPED_TRACE(f);
-    EXPECT_EQ(Result(Ok(absl::StrCat("y = ", f, "(x)"))), absl::StrCat("(", f, ":f32 x)"));
-    EXPECT_EQ(Result(Ok(absl::StrCat("y = ", f, "(d)"), {Op("y", DType::kF64)})),
-              absl::StrCat("(", f, ":f64 d)"));
-    EXPECT_EQ(Result(Ok(absl::StrCat("y = ", f, "(i)"))),
-              absl::StrCat("(", f, ":f32 (cast:f32 i))"));
-    EXPECT_EQ(Result(Ok(absl::StrCat("y = x * ", f, "(2)"))),
-              absl::StrCat("(*:f32 x (cast:f32 (", f, ":f64 2d)))"));
+    ExpectFloatFunctionTyping(f);
   }
   EXPECT_EQ(Result(Ok("y = abs(x)")), "(abs:f32 x)");
   EXPECT_EQ(Result(Ok("y = abs(i)", {Op("y", DType::kI32)})), "(abs:i64 i)");
@@ -424,13 +417,7 @@ TEST(CompileTest, NumpysMathFunctionsTakeFloatsAndPromoteIntegers) {
                         "cosh", "arcsinh", "arccosh", "arctanh", "log10",  "log2",   "log1p",
                         "exp2", "expm1",   "cbrt",    "ceil",    "floor",  "trunc",  "round"}) {
     SCOPED_TRACE(f);
-    EXPECT_EQ(Result(Ok(absl::StrCat("y = ", f, "(x)"))), absl::StrCat("(", f, ":f32 x)"));
-    EXPECT_EQ(Result(Ok(absl::StrCat("y = ", f, "(d)"), {Op("y", DType::kF64)})),
-              absl::StrCat("(", f, ":f64 d)"));
-    EXPECT_EQ(Result(Ok(absl::StrCat("y = ", f, "(i)"))),
-              absl::StrCat("(", f, ":f32 (cast:f32 i))"));
-    EXPECT_EQ(Result(Ok(absl::StrCat("y = x * ", f, "(2)"))),
-              absl::StrCat("(*:f32 x (cast:f32 (", f, ":f64 2d)))"));
+    ExpectFloatFunctionTyping(f);
   }
   for (const char* f : {"arctan2", "hypot", "copysign"}) {
     SCOPED_TRACE(f);

@@ -27,6 +27,7 @@
 #include "kernels/accuracy.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/expr/compile.h"
+#include "kernels/expr/names.h"
 #include "kernels/registry.h"
 #include "tests/testing/host_tensor.h"
 
@@ -43,21 +44,8 @@ constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-bool IsFloat(Type t) { return t == Type::kF32 || t == Type::kF64; }
-
-const char* TypeName(Type t) {
-  switch (t) {
-    case Type::kBool:
-      return "bool";
-    case Type::kI64:
-      return "i64";
-    case Type::kF32:
-      return "f32";
-    case Type::kF64:
-      return "f64";
-  }
-  return "?";
-}
+using kernels::expr::internal::IsFloat;
+using kernels::expr::internal::TypeName;
 
 // ---- building programs ------------------------------------------------------------------------
 
