@@ -28,8 +28,16 @@ class SlowWork {
                                             uint64_t max_bytes) {
     const int64_t max_n = std::max<int64_t>(
         64, static_cast<int64_t>(std::sqrt(static_cast<double>(max_bytes) / 8)) / 64 * 64);
-    int64_t n = 128;
+    // 256: a smaller matmul is over in well under a millisecond on any backend, so its time
+    // is the machine's scheduling more than its work.
+    int64_t n = std::min<int64_t>(max_n, 256);
     int jobs = 0;
+    // The previous round's operand and time per step: a step's time counts only once it
+    // follows the work (n³), not the machine's scheduling. On a loaded machine a small
+    // matmul waits milliseconds for a core and looks as slow as a large one; taken at its
+    // word it would give a blocker that finishes at once when the load goes away.
+    int64_t last_n = 0;
+    double last_measured = 0;
     for (int round = 0;; ++round) {
       absl::StatusOr<SlowWork> work = ForTenant(client, n, kFirstSteps);
       if (!work.ok()) return work.status();
@@ -45,7 +53,10 @@ class SlowWork {
       const double affordable = std::cbrt(1.0 / (2 * kFirstSteps * measured));
       const double growth =
           std::min(std::clamp(std::cbrt(wanted / measured), 1.25, 4.0), affordable);
-      if (measured >= wanted || n >= max_n || round == 6 || growth < 1.25) {
+      const bool follows_the_work =
+          last_n > 0 && measured / last_measured >=
+                            0.5 * std::pow(static_cast<double>(n) / static_cast<double>(last_n), 3);
+      if ((measured >= wanted && follows_the_work) || n >= max_n || round == 6 || growth < 1.25) {
         work->steps_ = static_cast<int>(std::clamp<double>(
             std::ceil(absl::ToDoubleSeconds(duration) / measured), 1, kMaxSteps));
         work->per_step_ = *per_step;
@@ -54,6 +65,8 @@ class SlowWork {
         return work;
       }
       work->Release(client);
+      last_n = n;
+      last_measured = measured;
       n = std::min(max_n, (static_cast<int64_t>(static_cast<double>(n) * growth) + 63) / 64 * 64);
     }
   }
@@ -125,7 +138,17 @@ class SlowWork {
         if (job->state() != v1::JOB_STATE_SUCCEEDED) {
           return absl::InternalError(absl::StrCat("calibration job: ", job->error_message()));
         }
-        if (i > 0) fastest = std::min(fastest, absl::Now() - start);
+        if (i == 0) continue;
+        // The server's own account of the run (release to completion) where it gives one:
+        // it leaves out the call's cost, which on a loaded machine can exceed a small
+        // program's whole run and would make the operands look far slower than they are.
+        const absl::Duration wall = absl::Now() - start;
+        const absl::Duration ran =
+            job->has_start_time() && job->has_end_time()
+                ? absl::Seconds(job->end_time().seconds() - job->start_time().seconds()) +
+                      absl::Nanoseconds(job->end_time().nanos() - job->start_time().nanos())
+                : wall;
+        fastest = std::min(fastest, ran > absl::ZeroDuration() ? std::min(ran, wall) : wall);
       }
       return fastest;
     };
@@ -136,8 +159,8 @@ class SlowWork {
     if (!more.ok()) return more.status();
     steps_ = k;
     // On a busy machine the difference can come out near zero, which would grow the next
-    // round's operands without bound; a quarter of the longer program's time per step (its
-    // call's cost included) is a floor that keeps it honest.
+    // round's operands without bound; a quarter of the longer program's run time per step
+    // is a floor that keeps it honest.
     return std::max((*more - *few) / k, *more / (4 * 2 * k));
   }
 
