@@ -21,11 +21,6 @@ namespace {
 
 constexpr char kAdminSection[] = "Tenants and the server (admin token)";
 
-std::string Time(const google::protobuf::Timestamp& t) {
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(t.seconds()),
-                          absl::UTCTimeZone());
-}
-
 std::string KindName(v1::ContextKind kind) {
   std::string name = v1::ContextKind_Name(kind);
   return name.substr(std::string_view("CONTEXT_KIND_").size());
@@ -58,8 +53,10 @@ void PrintTenant(const v1::Tenant& t, SizeUnits memory_units = SizeUnits::kBinar
             << "device:          " << t.device_index() << "\n"
             << "context:         " << KindName(t.context().kind()) << " (" << t.context().reason()
             << ")\n"
-            << "created:         " << Time(t.create_time()) << "\n"
-            << "key issued:      " << Time(t.key_create_time()) << "\n";
+            << "created:         " << FormatUtc(absl::FromUnixSeconds(t.create_time().seconds()))
+            << "\n"
+            << "key issued:      "
+            << FormatUtc(absl::FromUnixSeconds(t.key_create_time().seconds())) << "\n";
 }
 
 // ---- tenant register ---------------------------------------------------------------------------

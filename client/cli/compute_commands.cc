@@ -409,11 +409,6 @@ void AddKernelCommands(CommandTree& tree) {
 
 // ---- region list, rm ---------------------------------------------------------------------------
 
-std::string Time(const google::protobuf::Timestamp& t) {
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(t.seconds()),
-                          absl::UTCTimeZone());
-}
-
 int RegionList(Session& s) {
   auto regions = s.client().ListRegions();
   if (!regions.ok()) return s.Failed(regions.status());
@@ -425,7 +420,8 @@ int RegionList(Session& s) {
                                "TRANSFERS");
   for (const v1::Region& r : regions->regions()) {
     std::cout << absl::StrFormat("%-26s %12s  %-20s  %d\n", r.handle(), FormatBytes(r.size_bytes()),
-                                 Time(r.create_time()), r.transfers());
+                                 FormatUtc(absl::FromUnixSeconds(r.create_time().seconds())),
+                                 r.transfers());
   }
   return kExitOk;
 }

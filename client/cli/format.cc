@@ -69,6 +69,10 @@ std::string FormatBytesExact(uint64_t bytes, SizeUnits units) {
   return absl::StrCat(FormatBytes(bytes, units), " (", GroupThousands(bytes), " bytes)");
 }
 
+std::string FormatUtc(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone());
+}
+
 std::string HumanDuration(absl::Duration duration) {
   if (duration < absl::ZeroDuration()) return absl::StrCat("-", HumanDuration(-duration));
   if (duration == absl::InfiniteDuration()) return "inf";

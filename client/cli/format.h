@@ -29,6 +29,9 @@ std::string FormatBytesExact(uint64_t bytes, SizeUnits units = SizeUnits::kBinar
 /// "24.8 ms", "2.35 s", "1m05s", "3h02m10s".
 std::string HumanDuration(absl::Duration duration);
 
+/// A time in UTC to the second: "2026-11-29T10:56:02Z".
+std::string FormatUtc(absl::Time t);
+
 /// Bytes per second: "1.2 GiB/s"; "-" when `elapsed` is zero.
 std::string FormatRate(uint64_t bytes, absl::Duration elapsed);
 

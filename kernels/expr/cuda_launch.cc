@@ -12,9 +12,9 @@
 namespace tessera::kernels::expr {
 namespace {
 
-constexpr int kRank = static_cast<int>(kMaxRank);
+constexpr int kParamRank = static_cast<int>(kMaxRank);
 
-absl::Status Internal(auto&&... parts) {
+absl::Status LaunchError(auto&&... parts) {
   return absl::InternalError(absl::StrCat("CUDA launch of a generated kernel: ", parts...));
 }
 
@@ -63,17 +63,17 @@ std::vector<CudaParamField> CudaParamFields(const Program& program) {
   if (!program.reduction.has_value()) {
     fields.insert(fields.end(), {{"rank", 1, false},
                                  {"contiguous", 1, false},
-                                 {"shape", kRank, true},
-                                 {"stride", inputs * kRank, true}});
+                                 {"shape", kParamRank, true},
+                                 {"stride", inputs * kParamRank, true}});
   } else {
     fields.insert(fields.end(), {{"count", 1, false},
                                  {"warp_per_output", 1, false},
                                  {"kept_rank", 1, false},
                                  {"reduced_rank", 1, false},
-                                 {"kept_shape", kRank, true},
-                                 {"reduced_shape", kRank, true},
-                                 {"kept_stride", inputs * kRank, true},
-                                 {"reduced_stride", inputs * kRank, true}});
+                                 {"kept_shape", kParamRank, true},
+                                 {"reduced_shape", kParamRank, true},
+                                 {"kept_stride", inputs * kParamRank, true},
+                                 {"reduced_stride", inputs * kParamRank, true}});
   }
   return fields;
 }
@@ -84,27 +84,28 @@ absl::StatusOr<CudaLaunch> MakeCudaLaunch(const Program& program, const Plan& pl
   const Definition& d = program.definition;
   if (plan.inputs.size() != d.inputs.size() || plan.outputs.size() != d.outputs.size() ||
       inputs.size() != d.inputs.size() || outputs.size() != d.outputs.size()) {
-    return Internal("a plan of ", plan.inputs.size(), " inputs and ", plan.outputs.size(),
-                    " outputs for kernel ", d.name, " of ", d.inputs.size(), " and ",
-                    d.outputs.size());
+    return LaunchError("a plan of ", plan.inputs.size(), " inputs and ", plan.outputs.size(),
+                       " outputs for kernel ", d.name, " of ", d.inputs.size(), " and ",
+                       d.outputs.size());
   }
   ParamWriter w(program);
   for (size_t k = 0; k < inputs.size(); ++k) {
     if (plan.inputs[k].dtype != d.inputs[k].dtype) {
-      return Internal("input ", k, " of kernel ", d.name, " is ", DTypeName(plan.inputs[k].dtype));
+      return LaunchError("input ", k, " of kernel ", d.name, " is ",
+                         DTypeName(plan.inputs[k].dtype));
     }
     w.Set("in", k, static_cast<int64_t>(inputs[k]));
   }
   for (size_t k = 0; k < outputs.size(); ++k) {
     if (plan.outputs[k].dtype != d.outputs[k].dtype) {
-      return Internal("output ", k, " of kernel ", d.name, " is ",
-                      DTypeName(plan.outputs[k].dtype));
+      return LaunchError("output ", k, " of kernel ", d.name, " is ",
+                         DTypeName(plan.outputs[k].dtype));
     }
     w.Set("out", k, static_cast<int64_t>(outputs[k]));
   }
   for (size_t k = 0; k < d.params.size(); ++k) {
     const ScalarDef& s = d.params[k];
-    if (!HasAttr(plan.attrs, s.name)) return Internal("the plan lacks parameter ", s.name);
+    if (!HasAttr(plan.attrs, s.name)) return LaunchError("the plan lacks parameter ", s.name);
     w.Set("param", k,
           s.kind == ScalarKind::kFloat ? std::bit_cast<int64_t>(AttrFloat(plan.attrs, s.name))
                                        : AttrInt(plan.attrs, s.name));
@@ -118,7 +119,7 @@ absl::StatusOr<CudaLaunch> MakeCudaLaunch(const Program& program, const Plan& pl
     const Shape& shape = plan.outputs[0].shape;
     const int64_t n = CheckedNumElements(shape);
     BroadcastGeometry g = MakeBroadcast(shape, shapes);
-    if (g.shape.size() > kMaxRank) return Internal("rank ", g.shape.size(), " exceeds 8");
+    if (g.shape.size() > kMaxRank) return LaunchError("rank ", g.shape.size(), " exceeds 8");
     bool contiguous = g.shape.size() == 1;
     for (size_t k = 0; k < shapes.size(); ++k) contiguous = contiguous && g.strides[k][0] == 1;
     w.Set("n", 0, n);
@@ -143,7 +144,8 @@ absl::StatusOr<CudaLaunch> MakeCudaLaunch(const Program& program, const Plan& pl
   Shape shape;
   for (const Shape& s : shapes) {
     absl::StatusOr<Shape> joined = BroadcastShapes(shape, s);
-    if (!joined.ok()) return Internal("inputs that do not broadcast: ", joined.status().message());
+    if (!joined.ok())
+      return LaunchError("inputs that do not broadcast: ", joined.status().message());
     shape = *std::move(joined);
   }
   const size_t rank = shape.size();
@@ -152,7 +154,7 @@ absl::StatusOr<CudaLaunch> MakeCudaLaunch(const Program& program, const Plan& pl
   if (axes.empty()) reduced.assign(rank, true);
   for (int64_t a : axes) {
     absl::StatusOr<int> axis = NormalizeAxis(a, rank, "axes");
-    if (!axis.ok()) return Internal(axis.status().message());
+    if (!axis.ok()) return LaunchError(axis.status().message());
     reduced[static_cast<size_t>(*axis)] = true;
   }
   // Each input's element strides over `shape` (0 where it broadcasts).

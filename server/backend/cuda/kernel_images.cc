@@ -21,7 +21,7 @@ namespace {
 
 // In memory: at most this many images and bytes (a generated kernel's cubin is ~20-60 KiB).
 constexpr size_t kMaxImages = 1024;
-constexpr uint64_t kMaxImageBytes = 256ull << 20;
+constexpr uint64_t kMaxCachedImageBytes = 256ull << 20;
 // Generated sources remembered by program hash, and rejections remembered.
 constexpr size_t kMaxGenerated = 4096;
 constexpr size_t kMaxRejected = 1024;
@@ -329,7 +329,7 @@ void KernelImages::RememberLocked(const std::string& key, KernelImage image) {
   image_bytes_ += image->size();
   lru_.push_back(key);
   images_.emplace(key, Cached{std::move(image), std::prev(lru_.end())});
-  while (!lru_.empty() && (images_.size() > kMaxImages || image_bytes_ > kMaxImageBytes)) {
+  while (!lru_.empty() && (images_.size() > kMaxImages || image_bytes_ > kMaxCachedImageBytes)) {
     auto it = images_.find(lru_.front());
     image_bytes_ -= it->second.image->size();
     images_.erase(it);

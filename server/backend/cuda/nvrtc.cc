@@ -39,7 +39,7 @@ constexpr bool kSanitizedBuild = false;
 #endif
 
 // What the helper may write: an image (cubins of generated kernels are tens of KiB) and a log.
-constexpr size_t kMaxImageBytes = 256ull << 20;
+constexpr size_t kMaxHelperImageBytes = 256ull << 20;
 constexpr size_t kMaxLogBytes = 1ull << 20;
 // The part of NVRTC's log a status carries.
 constexpr size_t kLogInStatus = 4096;
@@ -230,7 +230,7 @@ absl::StatusOr<KernelCompiler::Output> KernelCompiler::Run(const std::vector<std
       if (n > 0) {
         std::string& text = i == 1 ? o.out : o.err;
         text.append(buffer, static_cast<size_t>(n));
-        overflow = text.size() > (i == 1 ? kMaxImageBytes : kMaxLogBytes);
+        overflow = text.size() > (i == 1 ? kMaxHelperImageBytes : kMaxLogBytes);
       } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
         CloseFd(fd);
       }
@@ -277,8 +277,8 @@ absl::StatusOr<KernelCompiler::Output> KernelCompiler::Run(const std::vector<std
   if (stopped) return absl::UnavailableError("the CUDA backend is shutting down");
   if (overflow) {
     return absl::InternalError(absl::StrCat("the kernel compiler wrote more than ",
-                                            Mib(kMaxImageBytes), " of image or ", Mib(kMaxLogBytes),
-                                            " of messages; it was stopped"));
+                                            Mib(kMaxHelperImageBytes), " of image or ",
+                                            Mib(kMaxLogBytes), " of messages; it was stopped"));
   }
   if (exited) {
     if (WIFEXITED(status)) o.exit_code = WEXITSTATUS(status);

@@ -388,13 +388,21 @@ ReduceRef GroupForReduction(const HostTensor& x, const std::vector<int64_t>& axe
     if (!reduced[d]) kept.push_back(shape[d]);
   }
   r.groups.resize(static_cast<size_t>(CheckedNumElements(kept)));
+  if (!r.groups.empty()) {
+    for (auto& g : r.groups) g.reserve(static_cast<size_t>(x.size()) / r.groups.size());
+  }
+  // The index of element i, advanced as an odometer (the last axis fastest).
+  std::vector<int64_t> index(shape.size(), 0);
   for (int64_t i = 0; i < x.size(); ++i) {
-    std::vector<int64_t> index = Unravel(i, shape);
     int64_t o = 0;
     for (size_t d = 0; d < shape.size(); ++d) {
       if (!reduced[d]) o = o * shape[d] + index[d];
     }
     r.groups[o].push_back(x.Get(i));
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
   }
   return r;
 }
@@ -414,28 +422,29 @@ TEST_F(CpuKernelTest, ReductionsOverAxes) {
                                                                      {{2, kLarge}, {1}},
                                                                      {{kLarge, 2}, {0}},
                                                                      {{4, 3, 2, 5}, {1, 3}}};
-  for (const char* op : {"sum", "mean", "max", "min"}) {
-    std::vector<DType> dtypes = std::string(op) == "mean" ? kFloats : kNumericTypes;
-    for (DType d : dtypes) {
-      for (const auto& [shape, axes] : cases) {
-        for (bool keepdims : {false, true}) {
+  // One input and one reference grouping per (dtype, case, keepdims), checked by every op.
+  for (DType d : kNumericTypes) {
+    for (const auto& [shape, axes] : cases) {
+      for (bool keepdims : {false, true}) {
+        HostTensor x = Random(d, shape);
+        ReduceRef ref = GroupForReduction(x, axes, keepdims);
+        bool empty_group = !ref.groups.empty() && ref.groups[0].empty();
+        for (const std::string op : {"sum", "mean", "max", "min"}) {
+          if (op == "mean" && !IsFloating(d)) continue;
+          if ((op == "max" || op == "min") && empty_group) continue;
           SCOPED_TRACE(absl::StrCat(op, " ", DTypeName(d), ShapeString(shape), " axes ",
                                     ShapeString(axes), keepdims ? " keepdims" : ""));
-          HostTensor x = Random(d, shape);
-          ReduceRef ref = GroupForReduction(x, axes, keepdims);
-          bool empty_group = !ref.groups.empty() && ref.groups[0].empty();
-          if ((std::string(op) == "max" || std::string(op) == "min") && empty_group) continue;
           auto out = Run(op, {&x}, {{"axes", axes}, {"keepdims", keepdims}});
           ASSERT_EQ(out[0].meta.shape, ref.shape);
-          DType want_type = std::string(op) == "sum" && !IsFloating(d) ? DType::kI64 : d;
+          DType want_type = op == "sum" && !IsFloating(d) ? DType::kI64 : d;
           ASSERT_EQ(out[0].meta.dtype, want_type);
           for (size_t o = 0; o < ref.groups.size(); ++o) {
             const std::vector<double>& g = ref.groups[o];
             double want;
-            if (std::string(op) == "sum" || std::string(op) == "mean") {
+            if (op == "sum" || op == "mean") {
               want = std::accumulate(g.begin(), g.end(), 0.0);
-              if (std::string(op) == "mean") want = g.empty() ? std::nan("") : want / g.size();
-            } else if (std::string(op) == "max") {
+              if (op == "mean") want = g.empty() ? std::nan("") : want / g.size();
+            } else if (op == "max") {
               want = *std::max_element(g.begin(), g.end());
             } else {
               want = *std::min_element(g.begin(), g.end());
@@ -512,23 +521,23 @@ TEST_F(CpuKernelTest, SoftmaxAndLogSoftmaxAlongAnyAxis) {
         auto out = Run(log ? "log_softmax" : "softmax", {&x}, {{"axis", axis}});
         ASSERT_EQ(out[0].meta, x.meta);
         int a = shape.empty() ? 0 : static_cast<int>(axis < 0 ? axis + shape.size() : axis);
+        // Element i's row along the axis: `length` elements `stride` apart from `first`.
+        const int64_t length = shape.empty() ? 1 : shape[a];
+        int64_t stride = 1;
+        for (size_t dd = static_cast<size_t>(a) + 1; dd < shape.size(); ++dd) stride *= shape[dd];
+        // Each row's max and sum of exponentials, computed once, by its first element.
+        std::vector<std::pair<double, double>> rows(static_cast<size_t>(x.size()));
+        std::vector<bool> done(static_cast<size_t>(x.size()), false);
         for (int64_t i = 0; i < x.size(); ++i) {
-          std::vector<int64_t> index = Unravel(i, shape);
-          double max = -INFINITY, sum = 0;
-          int64_t length = shape.empty() ? 1 : shape[a];
-          for (int pass = 0; pass < 2; ++pass) {
-            for (int64_t k = 0; k < length; ++k) {
-              std::vector<int64_t> j = index;
-              if (!shape.empty()) j[a] = k;
-              int64_t linear = 0;
-              for (size_t dd = 0; dd < shape.size(); ++dd) linear = linear * shape[dd] + j[dd];
-              double v = x.Get(linear);
-              if (pass == 0)
-                max = std::max(max, v);
-              else
-                sum += std::exp(v - max);
-            }
+          const int64_t first = i - (i / stride) % length * stride;
+          if (!done[first]) {
+            double max = -INFINITY, sum = 0;
+            for (int64_t k = 0; k < length; ++k) max = std::max(max, x.Get(first + k * stride));
+            for (int64_t k = 0; k < length; ++k) sum += std::exp(x.Get(first + k * stride) - max);
+            rows[first] = {max, sum};
+            done[first] = true;
           }
+          const auto [max, sum] = rows[first];
           double want = log ? x.Get(i) - max - std::log(sum) : std::exp(x.Get(i) - max) / sum;
           ASSERT_TRUE(Near(out[0].Get(i), want, d, 1e-6)) << "at " << i;
         }
