@@ -448,15 +448,15 @@ TEST_F(FakeCudaTest, AGreenContextRebuiltAfterAFaultLeavesNothingOfTheOldOneBehi
 
 // ---- the launcher's geometry: broadcasting, axes, permutations, in-place staging ---------
 
-struct Case {
+struct GeometryCase {
   std::string kernel;
   std::vector<TensorMeta> inputs;
   kernels::Attrs attrs;
 };
 
-std::vector<Case> F32Cases() {
+std::vector<GeometryCase> F32Cases() {
   const DType f = DType::kF32;
-  std::vector<Case> cases;
+  std::vector<GeometryCase> cases;
   for (const char* k :
        {"neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "gelu", "sigmoid", "tanh"}) {
     cases.push_back({k, {{f, {4099}}}, {}});
@@ -503,7 +503,7 @@ TEST_F(FakeCudaTest, LaunchGeometryMatchesTheCpuBackend) {
   CpuBackend cpu_backend(CpuBackend::Options{.memory_bytes = 1ull << 30, .reason = "test"});
   auto cpu = *cpu_backend.CreateContext({"cpu", testing::TestQuota(50), 0});
   std::mt19937 rng(11);
-  for (const Case& c : F32Cases()) {
+  for (const GeometryCase& c : F32Cases()) {
     auto plan = kernels::Registry::Global().Prepare(c.kernel, c.inputs, c.attrs);
     ASSERT_TRUE(plan.ok()) << c.kernel << ": " << plan.status();
     SCOPED_TRACE(absl::StrCat(c.kernel, " -> ", plan->outputs[0].shape.size(), "-d output"));
@@ -533,12 +533,12 @@ TEST_F(FakeCudaTest, ElementWiseKernelsOnAOneSmDeviceMatchTheCpuBackend) {
   for (const DType dtype : {DType::kF64, DType::kF32, DType::kF16, DType::kU8}) {
     const int64_t lanes = 16 / static_cast<int64_t>(kernels::DTypeSize(dtype));
     const int64_t n = (4096 * 4 * 5 + 4096 * 3 + 5) * lanes + lanes - 1;
-    std::vector<Case> cases = {{"add", {{dtype, {n}}, {dtype, {n}}}, {}}};
+    std::vector<GeometryCase> cases = {{"add", {{dtype, {n}}, {dtype, {n}}}, {}}};
     if (dtype != DType::kU8) {  // u8 has no unary arithmetic
       cases.push_back({"neg", {{dtype, {n}}}, {}});
       cases.push_back({"scale", {{dtype, {n}}}, {{"alpha", 2.0}, {"beta", 1.0}}});
     }
-    for (const Case& c : cases) {
+    for (const GeometryCase& c : cases) {
       auto plan = kernels::Registry::Global().Prepare(c.kernel, c.inputs, c.attrs);
       ASSERT_TRUE(plan.ok()) << c.kernel << ": " << plan.status();
       SCOPED_TRACE(absl::StrCat(c.kernel, " ", kernels::DTypeName(dtype)));

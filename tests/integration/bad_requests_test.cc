@@ -20,6 +20,8 @@
 namespace tessera {
 namespace {
 
+using testing::Spec;
+
 using ::grpc::health::v1::Health;
 using ::grpc::health::v1::HealthCheckRequest;
 using ::grpc::health::v1::HealthCheckResponse;
@@ -27,13 +29,6 @@ using ::testing::HasSubstr;
 
 constexpr uint32_t kMaxU32 = std::numeric_limits<uint32_t>::max();
 constexpr uint64_t kMaxU64 = std::numeric_limits<uint64_t>::max();
-
-v1::TensorSpec Spec(v1::DType dtype, std::vector<int64_t> shape) {
-  v1::TensorSpec spec;
-  spec.set_dtype(dtype);
-  spec.mutable_shape()->Add(shape.begin(), shape.end());
-  return spec;
-}
 
 // INVALID_ARGUMENT whose message names every one of `parts`.
 ::testing::AssertionResult IsInvalid(const absl::Status& status,

@@ -13,16 +13,11 @@
 namespace tessera {
 namespace {
 
+using testing::Spec;
+
 using ::testing::HasSubstr;
 using testing::kGiB;
 using testing::SlowWork;
-
-v1::TensorSpec Spec(v1::DType dtype, std::vector<int64_t> shape) {
-  v1::TensorSpec spec;
-  spec.set_dtype(dtype);
-  spec.mutable_shape()->Add(shape.begin(), shape.end());
-  return spec;
-}
 
 std::string Floats(const std::vector<float>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));

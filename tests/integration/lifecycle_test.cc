@@ -26,6 +26,8 @@
 namespace tessera {
 namespace {
 
+using testing::FreePort;
+
 using ::grpc::health::v1::Health;
 using ::grpc::health::v1::HealthCheckRequest;
 using ::grpc::health::v1::HealthCheckResponse;
@@ -116,19 +118,6 @@ TEST_F(LifecycleTest, HealthIsNotServingWhileShuttingDown) {
   EXPECT_EQ(*Health("tessera.v1.TenantAdmin"), HealthCheckResponse::NOT_SERVING);
   EXPECT_EQ(*Health("tessera.v1.Compute"), HealthCheckResponse::NOT_SERVING);
   EXPECT_EQ(*server_->Stop(SIGTERM), 0);  // already exiting; a second signal is harmless
-}
-
-// A free loopback port (bound, read, released; the server binds it right after).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // --health_listen: a plaintext port for probes that cannot do TLS (the kubelet's gRPC probe),

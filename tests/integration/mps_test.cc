@@ -27,9 +27,10 @@
 namespace tessera {
 namespace {
 
-using ::testing::HasSubstr;
+using testing::FreePort;
+using testing::kGiB;
 
-constexpr uint64_t kGiB = uint64_t{1} << 30;
+using ::testing::HasSubstr;
 
 std::string PathWithFake() {
   const char* path = std::getenv("PATH");
@@ -308,19 +309,6 @@ TEST_F(MpsTest, AnUnmanagedDaemonIsFoundThroughThePipeDirectory) {
       absl::StrCat("echo quit | PATH=", PathWithFake(), " CUDA_MPS_PIPE_DIRECTORY=", pipe,
                    " nvidia-cuda-mps-control");
   EXPECT_EQ(std::system(quit.c_str()), 0);
-}
-
-// A free loopback port (bound, read, released; the server binds it right after).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 std::string HttpGet(int port, const std::string& path) {

@@ -14,6 +14,8 @@
 namespace tessera {
 namespace {
 
+using testing::Spec;
+
 using ::testing::HasSubstr;
 using testing::kGiB;
 
@@ -41,13 +43,6 @@ constexpr char kDot[] = R"(kernel dot(a: f32, b: f32) -> (y: f32) {
   y = sum(a * b)
 }
 )";
-
-v1::TensorSpec Spec(v1::DType dtype, std::vector<int64_t> shape) {
-  v1::TensorSpec spec;
-  spec.set_dtype(dtype);
-  spec.mutable_shape()->Add(shape.begin(), shape.end());
-  return spec;
-}
 
 std::string Floats(const std::vector<float>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));

@@ -13,7 +13,13 @@
 
 namespace tessera::testing {
 
-inline constexpr uint64_t kGiB = uint64_t{1} << 30;
+/// A tensor's spec: `dtype` and `shape`.
+inline v1::TensorSpec Spec(v1::DType dtype, std::vector<int64_t> shape) {
+  v1::TensorSpec spec;
+  spec.set_dtype(dtype);
+  spec.mutable_shape()->Add(shape.begin(), shape.end());
+  return spec;
+}
 
 /// Starts a real tessera-server on the backend under test (BackendUnderTest: the CPU or the
 /// CUDA module, 8 GiB of device memory either way) on a loopback port with a temporary state

@@ -7,10 +7,13 @@
 #include <optional>
 #include <regex>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -101,6 +104,18 @@ absl::StatusOr<pid_t> StartProcess(const std::vector<std::string>& argv,
 
 const char* ServerBinary() { return TESSERA_SERVER_BIN; }
 const char* CliBinary() { return TESSERA_CLI_BIN; }
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
 
 const TestBackend& BackendUnderTest() {
   static const TestBackend* const backend = [] {

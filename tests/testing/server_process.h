@@ -78,6 +78,8 @@ class ServerProcess {
   std::thread reader_;
 };
 
+inline constexpr uint64_t kGiB = uint64_t{1} << 30;
+
 /// Device memory that every backend under test offers: 8 GiB.
 inline constexpr uint64_t kTestDeviceMemoryBytes = uint64_t{8} << 30;
 
@@ -96,6 +98,9 @@ struct TestBackend {
 };
 /// Read once; thread-safe.
 const TestBackend& BackendUnderTest();
+
+/// A free loopback port (bound, read, released; a server binds it right after).
+int FreePort();
 /// `options` on the backend under test: its flags go first (flags in `options.args` come
 /// later and win) and its environment is added (entries in `options.env` win).
 ServerProcess::Options OnTestBackend(ServerProcess::Options options);

@@ -14,7 +14,7 @@ namespace tessera {
 namespace {
 
 // Records the order in which tasks ran, by key.
-class Recorder {
+class TaskRecorder {
  public:
   void Ran(std::string key) {
     absl::MutexLock lock(&mu_);
@@ -34,7 +34,7 @@ TEST(FairExecutorTest, AQuietKeyRunsBeforeABusyKeysBacklog) {
   // Declared before the executor, which joins its threads when its block ends.
   absl::Notification release;
   absl::Notification started;
-  Recorder recorder;
+  TaskRecorder recorder;
   {
     FairExecutor executor("test", 1000, 1000, 1);
     // Destroyed before the executor: a failed assertion still lets its thread finish.
@@ -66,7 +66,7 @@ TEST(FairExecutorTest, BusyKeysShareInProportionToTheirWeights) {
   // Declared before the executor, which joins its threads when its block ends.
   absl::Notification release;
   absl::Notification started;
-  Recorder recorder;
+  TaskRecorder recorder;
   {
     FairExecutor executor("test", 10000, 1000, 1);
     // Destroyed before the executor: a failed assertion still lets its thread finish.

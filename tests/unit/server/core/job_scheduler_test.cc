@@ -22,7 +22,7 @@ Quota QuotaOf(uint32_t share, Priority priority = Priority::kNormal, uint32_t st
 }
 
 // Records releases and drops; released jobs stay "running" until Complete().
-class Recorder {
+class ReleaseRecorder {
  public:
   std::unique_ptr<JobTicket> Ticket(int tag, int stream = 0, uint64_t scratch = 0,
                                     absl::Time deadline = absl::InfiniteFuture()) {
@@ -82,7 +82,7 @@ std::shared_ptr<MemoryLedger> Ledger(uint64_t quota = 1000) {
 TEST(JobSchedulerTest, AStreamReleasesInOrderWithABoundedNumberInFlight) {
   auto scheduler = JobScheduler::Create({.device_in_flight = {0}, .stream_in_flight = 2});
   auto q = scheduler->AddTenant(0, QuotaOf(100), Ledger());
-  Recorder r;
+  ReleaseRecorder r;
   for (int i = 1; i <= 5; ++i) q->Enqueue(r.Ticket(i));
   EXPECT_EQ(q->queued(), 5);
   scheduler->Dispatch();
@@ -99,7 +99,7 @@ TEST(JobSchedulerTest, AStreamReleasesInOrderWithABoundedNumberInFlight) {
 TEST(JobSchedulerTest, StreamsOfATenantDoNotWaitForEachOther) {
   auto scheduler = JobScheduler::Create({.device_in_flight = {0}, .stream_in_flight = 1});
   auto q = scheduler->AddTenant(0, QuotaOf(100), Ledger());
-  Recorder r;
+  ReleaseRecorder r;
   q->Enqueue(r.Ticket(1, 0));
   q->Enqueue(r.Ticket(2, 0));
   q->Enqueue(r.Ticket(3, 1));
@@ -111,7 +111,7 @@ TEST(JobSchedulerTest, ASharedDeviceIsReleasedInWeightedFairOrder) {
   auto scheduler = JobScheduler::Create({.device_in_flight = {1}, .stream_in_flight = 1});
   auto heavy = scheduler->AddTenant(0, QuotaOf(75), Ledger());
   auto light = scheduler->AddTenant(0, QuotaOf(25), Ledger());
-  Recorder rh, rl;
+  ReleaseRecorder rh, rl;
   for (int i = 0; i < 100; ++i) {
     heavy->Enqueue(rh.Ticket(i));
     light->Enqueue(rl.Ticket(i));
@@ -136,7 +136,7 @@ TEST(JobSchedulerTest, NormalPriorityGoesBeforeLow) {
   auto scheduler = JobScheduler::Create({.device_in_flight = {1}, .stream_in_flight = 1});
   auto low = scheduler->AddTenant(0, QuotaOf(100, Priority::kLow), Ledger());
   auto normal = scheduler->AddTenant(0, QuotaOf(1), Ledger());
-  Recorder rl, rn;
+  ReleaseRecorder rl, rn;
   low->Enqueue(rl.Ticket(1));
   normal->Enqueue(rn.Ticket(1));
   normal->Enqueue(rn.Ticket(2));
@@ -152,7 +152,7 @@ TEST(JobSchedulerTest, NormalPriorityGoesBeforeLow) {
 TEST(JobSchedulerTest, CancelTakesOnlyQueuedJobs) {
   auto scheduler = JobScheduler::Create({.device_in_flight = {0}, .stream_in_flight = 1});
   auto q = scheduler->AddTenant(0, QuotaOf(100), Ledger());
-  Recorder r;
+  ReleaseRecorder r;
   uint64_t first = q->Enqueue(r.Ticket(1));
   uint64_t second = q->Enqueue(r.Ticket(2));
   uint64_t third = q->Enqueue(r.Ticket(3));
@@ -169,7 +169,7 @@ TEST(JobSchedulerTest, CancelTakesOnlyQueuedJobs) {
 TEST(JobSchedulerTest, AQueuedJobPastItsDeadlineIsDroppedWithoutRunning) {
   auto scheduler = JobScheduler::Create({.device_in_flight = {0}, .stream_in_flight = 1});
   auto q = scheduler->AddTenant(0, QuotaOf(100), Ledger());
-  Recorder r;
+  ReleaseRecorder r;
   q->Enqueue(r.Ticket(1));  // runs and never completes
   q->Enqueue(r.Ticket(2, 0, 0, absl::Now() + absl::Milliseconds(50)));
   q->Enqueue(r.Ticket(3));
@@ -187,7 +187,7 @@ TEST(JobSchedulerTest, ScratchIsReservedBeforeReleaseAndAJobWaitsForIt) {
   auto scheduler = JobScheduler::Create({.device_in_flight = {0}, .stream_in_flight = 1});
   auto ledger = Ledger(100);
   auto q = scheduler->AddTenant(0, QuotaOf(100), ledger);
-  Recorder r;
+  ReleaseRecorder r;
   q->Enqueue(r.Ticket(1, 0, 80));
   q->Enqueue(r.Ticket(2, 1, 80));  // another stream, but the quota has no room yet
   scheduler->Dispatch();
@@ -208,7 +208,7 @@ TEST(JobSchedulerTest, ScratchIsReservedBeforeReleaseAndAJobWaitsForIt) {
 TEST(JobSchedulerTest, CloseTakesEverythingQueuedAndReleasesNothingMore) {
   auto scheduler = JobScheduler::Create({.device_in_flight = {0}, .stream_in_flight = 1});
   auto q = scheduler->AddTenant(0, QuotaOf(100), Ledger());
-  Recorder r;
+  ReleaseRecorder r;
   q->Enqueue(r.Ticket(1));
   scheduler->Dispatch();
   uint64_t a = q->Enqueue(r.Ticket(2));
