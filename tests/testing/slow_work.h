@@ -121,11 +121,11 @@ class SlowWork {
 
  private:
   static constexpr int kMaxSteps = 256;  // a program's steps
-  static constexpr int kRuns = 3;        // timed runs of each program
+  static constexpr int kRuns = 2;        // timed runs of each program
   static constexpr int kFirstSteps = 8;  // the shorter program timed (the longer: twice it)
 
   // The time of one step, without the call's own cost (a round trip that dwarfs a small
-  // matmul on a GPU): a program of 2k steps against one of k, each the fastest of three runs
+  // matmul on a GPU): a program of 2k steps against one of k, each the fastest of two runs
   // after a warm-up (a busy machine only ever makes a run slower).
   absl::StatusOr<absl::Duration> TimeSteps(Client& client) {
     auto run = [&](int steps) -> absl::StatusOr<absl::Duration> {
