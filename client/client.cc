@@ -283,6 +283,12 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContex
   return result;
 }
 
+std::optional<absl::Duration> JobRunTime(const v1::Job& job) {
+  if (!job.has_start_time() || !job.has_end_time()) return std::nullopt;
+  return absl::Seconds(job.end_time().seconds() - job.start_time().seconds()) +
+         absl::Nanoseconds(job.end_time().nanos() - job.start_time().nanos());
+}
+
 std::optional<absl::Duration> RetryAfter(const absl::Status& status) {
   const auto payload = status.GetPayload(kRetryAfterMsPayload);
   int64_t ms = 0;

@@ -251,11 +251,8 @@ int Run(Session& s, const RunFlags& f) {
   }
   std::string state = v1::JobState_Name(job->state()).substr(std::string_view("JOB_STATE_").size());
   std::cout << "job " << job->job_id() << ": " << state;
-  if (job->has_start_time() && job->has_end_time()) {
-    const absl::Duration took =
-        absl::Seconds(job->end_time().seconds() - job->start_time().seconds()) +
-        absl::Nanoseconds(job->end_time().nanos() - job->start_time().nanos());
-    std::cout << " in " << HumanDuration(took);
+  if (std::optional<absl::Duration> took = JobRunTime(*job)) {
+    std::cout << " in " << HumanDuration(*took);
   }
   std::cout << "\n";
   if (!job->error_message().empty()) std::cout << "error: " << job->error_message() << "\n";

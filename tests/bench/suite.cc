@@ -8,7 +8,8 @@
 //                 [--only=tiny,stream,gemm,elementwise,program,scaling,shares,noisy,cold,gpu,
 //                         region]
 //
-// Writes DIR/results.json, DIR/results.md and DIR/*.dat (plotted by tests/bench/plots.gp);
+// Writes DIR/results.json, DIR/results.md and DIR/*.dat (plotted by tests/bench/plots.gp); DIR
+// is docs/benchmarks unless --out says otherwise, or $TMPDIR/tessera-bench with --only;
 // with --doc, replaces the results section of FILE (between the markers) with results.md.
 #include <algorithm>
 #include <atomic>
@@ -588,10 +589,9 @@ void Gemm(Env& env) {
       block(&server_t, [&] {
         absl::StatusOr<v1::Job> job = tenant->Launch(launch);
         const bool counted = server_call++ % (per_block + 1) != 0;  // not the block's first
-        if (counted && job.ok() && job->has_start_time() && job->has_end_time()) {
-          exec_t.push_back(absl::ToDoubleSeconds(
-              absl::Seconds(job->end_time().seconds() - job->start_time().seconds()) +
-              absl::Nanoseconds(job->end_time().nanos() - job->start_time().nanos())));
+        if (std::optional<absl::Duration> ran = job.ok() ? JobRunTime(*job) : std::nullopt;
+            counted && ran.has_value()) {
+          exec_t.push_back(absl::ToDoubleSeconds(*ran));
         }
       });
       block(&blas_t, sgemm);
@@ -1287,6 +1287,7 @@ int Main(int argc, char** argv) {
   env.out_dir = "docs/benchmarks";
   env.backend = "cpu";
   std::string doc;
+  bool out_given = false;
   std::set<std::string> only;
   std::vector<std::string> server_args;
   for (int i = 1; i < argc; ++i) {
@@ -1297,6 +1298,7 @@ int Main(int argc, char** argv) {
       env.backend = arg.substr(10);
     } else if (arg.rfind("--out=", 0) == 0) {
       env.out_dir = arg.substr(6);
+      out_given = true;
     } else if (arg.rfind("--doc=", 0) == 0) {
       doc = arg.substr(6);
     } else if (arg.rfind("--server_arg=", 0) == 0) {
@@ -1311,6 +1313,11 @@ int Main(int argc, char** argv) {
                    "region]\n");
       return 2;
     }
+  }
+  // A run of some scenarios does not replace the whole run's results in docs/benchmarks.
+  if (!only.empty() && !out_given) {
+    env.out_dir = (std::filesystem::temp_directory_path() / "tessera-bench").string();
+    std::fprintf(stderr, "--only without --out: results go to %s\n", env.out_dir.c_str());
   }
   std::filesystem::create_directories(env.out_dir);
 

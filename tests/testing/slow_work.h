@@ -143,11 +143,7 @@ class SlowWork {
         // it leaves out the call's cost, which on a loaded machine can exceed a small
         // program's whole run and would make the operands look far slower than they are.
         const absl::Duration wall = absl::Now() - start;
-        const absl::Duration ran =
-            job->has_start_time() && job->has_end_time()
-                ? absl::Seconds(job->end_time().seconds() - job->start_time().seconds()) +
-                      absl::Nanoseconds(job->end_time().nanos() - job->start_time().nanos())
-                : wall;
+        const absl::Duration ran = JobRunTime(*job).value_or(wall);
         fastest = std::min(fastest, ran > absl::ZeroDuration() ? std::min(ran, wall) : wall);
       }
       return fastest;

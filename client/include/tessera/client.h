@@ -323,6 +323,10 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContex
 /// Every Client method's status carries it.
 std::optional<absl::Duration> RetryAfter(const absl::Status& status);
 
+/// How long `job` ran on the server (its end_time less its start_time); nullopt until it has
+/// both, e.g. while it is queued or running, or when it was cancelled before it started.
+std::optional<absl::Duration> JobRunTime(const v1::Job& job);
+
 }  // namespace tessera
 
 #endif  // TESSERA_CLIENT_H_
