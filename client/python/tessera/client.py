@@ -10,6 +10,7 @@ from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequ
                     TypeVar, Union)
 
 import grpc
+import grpc.experimental
 import numpy as np
 from google.protobuf import duration_pb2, field_mask_pb2
 
@@ -264,6 +265,11 @@ def _channel(addr: str, tls: bool, root_certificates: Optional[bytes],
     options = [
         ("grpc.max_receive_message_length", -1),  # the server enforces its own limit
         ("grpc.max_send_message_length", max_message_bytes),
+        # ReadTensor's messages are received on the thread that iterates them, not handed
+        # over one by one from the channel's polling thread: a 256 MiB download took about
+        # 135 ms of wall and 125 ms of CPU time instead of 180 and 160 (docs/python.md,
+        # "Bulk transfers"). ReadTensor is the package's only server-streaming call.
+        (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
     ]
     if tls or root_certificates or certificate_chain:
         creds = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)

@@ -1,6 +1,7 @@
 """The Python client against a real tessera-server (see conftest.py)."""
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
@@ -80,6 +81,46 @@ def test_chunked_upload_with_progress(client: tessera.Client) -> None:
     down: list = []
     np.testing.assert_array_equal(t.numpy(progress=lambda d, n: down.append((d, n))), a)
     assert down[-1] == (a.nbytes, a.nbytes)
+
+
+def test_downloads_on_several_threads_and_one_stopped_early(client: tessera.Client) -> None:
+    # ReadTensor's messages are received on the thread that asks for them (the channel's
+    # SingleThreadedUnaryStream option): downloads on several threads at once each get their
+    # own bytes, a download its progress callback stops leaves the client usable, and one
+    # past its deadline fails with DeadlineExceeded.
+    arrays = [np.random.default_rng(seed).standard_normal(600_000).astype(np.float32)
+              for seed in range(4)]
+    tensors = [client.put(a) for a in arrays]
+    failures: list = []
+
+    def download(i: int) -> None:
+        try:
+            for _ in range(5):
+                np.testing.assert_array_equal(tensors[i].numpy(), arrays[i])
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            failures.append(e)
+
+    threads = [threading.Thread(target=download, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_first(done: int, total: int) -> None:
+        raise Stop(f"{done} of {total}")
+
+    with pytest.raises(Stop):
+        tensors[0].numpy(progress=stop_after_first)
+    np.testing.assert_array_equal(tensors[0].numpy(), arrays[0])
+    saved, client.timeout = client.timeout, 1e-6
+    with pytest.raises(tessera.DeadlineExceeded):
+        tensors[1].numpy()
+    client.timeout = saved
+    np.testing.assert_array_equal(tensors[1].numpy(), arrays[1])
 
 
 @pytest.mark.parametrize("big_client", TRANSPORTS, indirect=True)
