@@ -33,6 +33,8 @@ case "${1:-}" in
       mkdir -p "$root/var"
       unix=(--unix_socket="$socket")
     fi
+    # OpenBLAS starts one thread, not a spinning pool per core (docs/operations.md).
+    export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
     exec "$build_dir/server/tessera-server" "${unix[@]}" "$@"
     ;;
   test)

@@ -42,7 +42,7 @@ class FleetForwardTest : public ::testing::Test {
   /// A node of the fleet named `name` on a port of its own (fleet_test.cc's StartNode).
   absl::StatusOr<std::unique_ptr<ServerProcess>> StartNode(const std::string& name,
                                                            std::vector<std::string> extra = {}) {
-    const int port = testing::UnusedLoopbackPort();
+    const int port = testing::FreePort();
     std::vector<std::string> args = {
         absl::StrCat("--listen=127.0.0.1:", port), absl::StrCat("--fleet_etcd=", etcd_->endpoint()),
         absl::StrCat("--node_name=", name), "--fleet_lease_ttl=2s", "--log_level=warn"};

@@ -46,7 +46,7 @@ class FleetTest : public ::testing::Test {
   absl::StatusOr<std::unique_ptr<ServerProcess>> StartNode(const std::string& name,
                                                            std::vector<std::string> extra = {},
                                                            std::string state_dir = "") {
-    const int port = testing::UnusedLoopbackPort();
+    const int port = testing::FreePort();
     std::vector<std::string> args = {absl::StrCat("--listen=127.0.0.1:", port), "--log_level=warn"};
     if (!name.empty()) {
       args.push_back(absl::StrCat("--fleet_etcd=", etcd_->endpoint()));

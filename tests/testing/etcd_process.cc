@@ -4,9 +4,7 @@
 #include <filesystem>
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,22 +15,6 @@
 #include "tests/testing/server_process.h"
 
 namespace tessera::testing {
-
-int UnusedLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  return port;
-}
 
 absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(const std::string& data_parent) {
   std::unique_ptr<EtcdProcess> etcd(new EtcdProcess());
@@ -46,8 +28,8 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(const std::strin
   std::filesystem::create_directories(data_parent, made);
   etcd->data_dir_ = absl::StrCat(data_parent, "/etcd");
   etcd->log_path_ = absl::StrCat(data_parent, "/etcd.log");
-  etcd->client_port_ = UnusedLoopbackPort();
-  etcd->peer_port_ = UnusedLoopbackPort();
+  etcd->client_port_ = FreePort();
+  etcd->peer_port_ = FreePort();
   if (absl::Status launched = etcd->Launch(); !launched.ok()) return launched;
   return etcd;
 }

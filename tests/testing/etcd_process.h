@@ -40,9 +40,6 @@ class EtcdProcess {
   pid_t pid_ = -1;
 };
 
-/// A TCP port on 127.0.0.1 that nothing listens on now (bound and released).
-int UnusedLoopbackPort();
-
 }  // namespace tessera::testing
 
 #endif  // TESSERA_TESTS_TESTING_ETCD_PROCESS_H_

@@ -4,7 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <regex>
 
 #include <arpa/inet.h>
@@ -20,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 extern char** environ;
@@ -105,16 +108,52 @@ absl::StatusOr<pid_t> StartProcess(const std::vector<std::string>& argv,
 const char* ServerBinary() { return TESSERA_SERVER_BIN; }
 const char* CliBinary() { return TESSERA_CLI_BIN; }
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+namespace {
+
+// Binds `port` on 127.0.0.1 (0: any) and releases it: the port bound, or 0.
+int BindLoopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int bound = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    bound = ntohs(addr.sin_port);
+  }
   close(fd);
-  return ntohs(addr.sin_port);
+  return bound;
+}
+
+}  // namespace
+
+int FreePort() {
+  // Below the kernel's ephemeral range: every outgoing connection (the tests make thousands)
+  // takes its local port from that range, so a port found free there can be taken before the
+  // server binds it, which failed a test with "Address already in use". Below it, only
+  // another test's pick can collide, and picks are random over some 20,000 ports.
+  int ephemeral_low = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) {
+    range >> ephemeral_low;
+  }
+  const int low = 10000;
+  if (ephemeral_low - low >= 1000) {
+    static std::mutex mu;
+    static std::mt19937 rng(static_cast<uint32_t>(getpid()) * 2654435761u ^
+                            static_cast<uint32_t>(absl::ToUnixNanos(absl::Now())));
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      int port;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        port = std::uniform_int_distribution<int>(low, ephemeral_low - 1)(rng);
+      }
+      if (BindLoopback(port) == port) return port;
+    }
+  }
+  return BindLoopback(0);
 }
 
 const TestBackend& BackendUnderTest() {

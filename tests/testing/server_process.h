@@ -99,7 +99,8 @@ struct TestBackend {
 /// Read once; thread-safe.
 const TestBackend& BackendUnderTest();
 
-/// A free loopback port (bound, read, released; a server binds it right after).
+/// A free loopback port (bound, read, released; a server binds it right after), below the
+/// kernel's ephemeral range when there is room, where outgoing connections do not take it.
 int FreePort();
 /// `options` on the backend under test: its flags go first (flags in `options.args` come
 /// later and win) and its environment is added (entries in `options.env` win).

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import signal
@@ -97,10 +98,25 @@ ETCD = os.environ.get("TESSERA_ETCD", "/usr/bin/etcd")
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on now, below the kernel's ephemeral
+    range when there is room: outgoing connections take their ports from that range, so one
+    found free there can be taken before the server binds it (tests/testing/server_process.cc,
+    FreePort)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    candidates = [random.randrange(10000, ephemeral_low) for _ in range(100)] \
+        if ephemeral_low - 10000 >= 1000 else []
+    for port in candidates + [0]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free loopback port")
 
 
 def start_etcd(data_dir: str) -> Tuple[subprocess.Popen, str]:
