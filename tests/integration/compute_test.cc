@@ -16,18 +16,10 @@ namespace {
 using testing::Spec;
 
 using ::testing::HasSubstr;
+using testing::AsFloats;
+using testing::Floats;
 using testing::kGiB;
 using testing::SlowWork;
-
-std::string Floats(const std::vector<float>& values) {
-  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
-}
-
-std::vector<float> AsFloats(const std::string& bytes) {
-  std::vector<float> v(bytes.size() / sizeof(float));
-  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
-  return v;
-}
 
 class ComputeTest : public testing::ServerTest {
  protected:

@@ -30,7 +30,7 @@ constexpr int kWorkers = 3;
 constexpr int kOpsPerWorkerPerCycle = 40;  // a cycle's work, if the kill comes late
 constexpr int kMaxLiveTenantsPerWorker = 6;
 constexpr absl::Duration kMaxKillDelay = absl::Milliseconds(150);
-constexpr uint64_t kMiB = uint64_t{1} << 20;
+using testing::kMiB;
 
 int64_t Micros(const google::protobuf::Timestamp& t) {
   return t.seconds() * 1000000 + t.nanos() / 1000;

@@ -46,7 +46,7 @@ using testing::MakeMemfd;
 using testing::SendDescriptors;
 using ::testing::StartsWith;
 
-constexpr uint64_t kMiB = uint64_t{1} << 20;
+using testing::kMiB;
 
 // Descriptors the server process holds now.
 int CountFds(pid_t pid) {

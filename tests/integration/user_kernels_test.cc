@@ -44,15 +44,8 @@ constexpr char kDot[] = R"(kernel dot(a: f32, b: f32) -> (y: f32) {
 }
 )";
 
-std::string Floats(const std::vector<float>& values) {
-  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
-}
-
-std::vector<float> AsFloats(const std::string& bytes) {
-  std::vector<float> v(bytes.size() / sizeof(float));
-  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
-  return v;
-}
+using testing::AsFloats;
+using testing::Floats;
 
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 

@@ -1,6 +1,7 @@
 #ifndef TESSERA_TESTS_TESTING_SERVER_FIXTURE_H_
 #define TESSERA_TESTS_TESTING_SERVER_FIXTURE_H_
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,18 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<ServerProcess> server_;
   std::unique_ptr<Client> admin_;
 };
+
+/// The bytes of f32 `values`, as a tensor holds them.
+inline std::string Floats(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+/// f32 values from a tensor's bytes.
+inline std::vector<float> AsFloats(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / sizeof(float));
+  if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
 
 }  // namespace tessera::testing
 

@@ -15,6 +15,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
+#include "tests/testing/sizes.h"
+
 namespace tessera::testing {
 
 /// Path of the tessera-server binary under test (set by CMake).
@@ -77,8 +79,6 @@ class ServerProcess {
   bool eof_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reader_;
 };
-
-inline constexpr uint64_t kGiB = uint64_t{1} << 30;
 
 /// Device memory that every backend under test offers: 8 GiB.
 inline constexpr uint64_t kTestDeviceMemoryBytes = uint64_t{8} << 30;

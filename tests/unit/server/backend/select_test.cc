@@ -7,13 +7,14 @@
 
 #include "server/backend/cpu/cpu_backend.h"
 #include "server/backend/cuda_module.h"
+#include "tests/testing/sizes.h"
 
 namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
 
-constexpr uint64_t kGiB = uint64_t{1} << 30;
+using testing::kGiB;
 
 TEST(SelectBackendTest, CpuWhenAskedWithTheConfiguredCapacity) {
   auto choice = SelectBackend(

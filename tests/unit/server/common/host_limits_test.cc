@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+#include "tests/testing/sizes.h"
 #include "tests/testing/temp_dir.h"
 
 namespace tessera {
@@ -13,7 +14,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr uint64_t kGiB = uint64_t{1} << 30;
+using testing::kGiB;
 
 // A fake /proc/self/cgroup and /sys/fs/cgroup tree.
 class HostLimitsTest : public ::testing::Test {

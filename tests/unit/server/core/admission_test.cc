@@ -5,12 +5,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+#include "tests/testing/sizes.h"
+
 namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
 
-constexpr uint64_t kGibibyte = uint64_t{1} << 30;
+using testing::kGiB;
 
 DeviceLoad Device(int index, uint64_t memory, uint64_t reserved = 0, uint32_t contexts = 0,
                   uint32_t limit = 0) {
@@ -22,19 +24,19 @@ DeviceLoad Device(int index, uint64_t memory, uint64_t reserved = 0, uint32_t co
 }
 
 TEST(ReservableBytesTest, ScalesAndSaturates) {
-  EXPECT_EQ(ReservableBytes(8 * kGibibyte, 1.0), 8 * kGibibyte);
-  EXPECT_EQ(ReservableBytes(8 * kGibibyte, 1.5), 12 * kGibibyte);
-  EXPECT_EQ(ReservableBytes(8 * kGibibyte, 0.5), 4 * kGibibyte);
+  EXPECT_EQ(ReservableBytes(8 * kGiB, 1.0), 8 * kGiB);
+  EXPECT_EQ(ReservableBytes(8 * kGiB, 1.5), 12 * kGiB);
+  EXPECT_EQ(ReservableBytes(8 * kGiB, 0.5), 4 * kGiB);
   EXPECT_EQ(ReservableBytes(3, 0.5), 1u);  // rounded down
   EXPECT_EQ(ReservableBytes(std::numeric_limits<uint64_t>::max(), 100.0),
             std::numeric_limits<uint64_t>::max());
-  EXPECT_EQ(ReservableBytes(8 * kGibibyte, 0.0), 0u);
+  EXPECT_EQ(ReservableBytes(8 * kGiB, 0.0), 0u);
 }
 
 TEST(ChooseDeviceTest, ExactFitIsAdmittedOneByteMoreIsNot) {
-  std::vector<DeviceLoad> devices = {Device(0, 8 * kGibibyte, 6 * kGibibyte, 3)};
-  EXPECT_EQ(*ChooseDevice(devices, 1.0, 2 * kGibibyte, std::nullopt), 0);
-  absl::Status refused = ChooseDevice(devices, 1.0, 2 * kGibibyte + 1, std::nullopt).status();
+  std::vector<DeviceLoad> devices = {Device(0, 8 * kGiB, 6 * kGiB, 3)};
+  EXPECT_EQ(*ChooseDevice(devices, 1.0, 2 * kGiB, std::nullopt), 0);
+  absl::Status refused = ChooseDevice(devices, 1.0, 2 * kGiB + 1, std::nullopt).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   // The message carries the numbers: request, reserved, reservable, overcommit, free.
   EXPECT_THAT(refused.message(), HasSubstr("2147483649 bytes"));
@@ -45,59 +47,56 @@ TEST(ChooseDeviceTest, ExactFitIsAdmittedOneByteMoreIsNot) {
 }
 
 TEST(ChooseDeviceTest, OvercommitRaisesTheLimit) {
-  std::vector<DeviceLoad> devices = {Device(0, 8 * kGibibyte, 8 * kGibibyte, 1)};
-  EXPECT_EQ(ChooseDevice(devices, 1.0, kGibibyte, std::nullopt).status().code(),
+  std::vector<DeviceLoad> devices = {Device(0, 8 * kGiB, 8 * kGiB, 1)};
+  EXPECT_EQ(ChooseDevice(devices, 1.0, kGiB, std::nullopt).status().code(),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(*ChooseDevice(devices, 1.5, 4 * kGibibyte, std::nullopt), 0);
-  EXPECT_EQ(ChooseDevice(devices, 1.5, 4 * kGibibyte + 1, std::nullopt).status().code(),
+  EXPECT_EQ(*ChooseDevice(devices, 1.5, 4 * kGiB, std::nullopt), 0);
+  EXPECT_EQ(ChooseDevice(devices, 1.5, 4 * kGiB + 1, std::nullopt).status().code(),
             absl::StatusCode::kResourceExhausted);
 }
 
 TEST(ChooseDeviceTest, OverReservedDeviceRefusesWithoutUnderflow) {
   // Possible after a restart on a smaller device: reserved exceeds reservable.
-  std::vector<DeviceLoad> devices = {Device(0, 4 * kGibibyte, 6 * kGibibyte, 2)};
+  std::vector<DeviceLoad> devices = {Device(0, 4 * kGiB, 6 * kGiB, 2)};
   EXPECT_EQ(ChooseDevice(devices, 1.0, 1, std::nullopt).status().code(),
             absl::StatusCode::kResourceExhausted);
 }
 
 TEST(ChooseDeviceTest, PicksTheDeviceWithMostUnreservedMemory) {
-  std::vector<DeviceLoad> devices = {Device(0, 80 * kGibibyte, 70 * kGibibyte),
-                                     Device(1, 40 * kGibibyte, 0),
-                                     Device(2, 80 * kGibibyte, 50 * kGibibyte)};
-  EXPECT_EQ(*ChooseDevice(devices, 1.0, kGibibyte, std::nullopt), 1);
+  std::vector<DeviceLoad> devices = {Device(0, 80 * kGiB, 70 * kGiB), Device(1, 40 * kGiB, 0),
+                                     Device(2, 80 * kGiB, 50 * kGiB)};
+  EXPECT_EQ(*ChooseDevice(devices, 1.0, kGiB, std::nullopt), 1);
   // Ties go to the lowest index.
-  std::vector<DeviceLoad> tied = {Device(0, 8 * kGibibyte), Device(1, 8 * kGibibyte)};
-  EXPECT_EQ(*ChooseDevice(tied, 1.0, kGibibyte, std::nullopt), 0);
+  std::vector<DeviceLoad> tied = {Device(0, 8 * kGiB), Device(1, 8 * kGiB)};
+  EXPECT_EQ(*ChooseDevice(tied, 1.0, kGiB, std::nullopt), 0);
 }
 
 TEST(ChooseDeviceTest, HonoursTheRequestedDevice) {
-  std::vector<DeviceLoad> devices = {Device(0, 8 * kGibibyte),
-                                     Device(1, 8 * kGibibyte, 7 * kGibibyte)};
-  EXPECT_EQ(*ChooseDevice(devices, 1.0, kGibibyte, 1), 1);
-  EXPECT_EQ(ChooseDevice(devices, 1.0, kGibibyte + 1, 1).status().code(),
+  std::vector<DeviceLoad> devices = {Device(0, 8 * kGiB), Device(1, 8 * kGiB, 7 * kGiB)};
+  EXPECT_EQ(*ChooseDevice(devices, 1.0, kGiB, 1), 1);
+  EXPECT_EQ(ChooseDevice(devices, 1.0, kGiB + 1, 1).status().code(),
             absl::StatusCode::kResourceExhausted);
-  absl::Status out_of_range = ChooseDevice(devices, 1.0, kGibibyte, 2).status();
+  absl::Status out_of_range = ChooseDevice(devices, 1.0, kGiB, 2).status();
   EXPECT_EQ(out_of_range.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(out_of_range.message(), HasSubstr("device_index is 2; the range is 0..1"));
 }
 
 TEST(ChooseDeviceTest, ContextLimitIsEnforced) {
   // 48 MPS client contexts per device on Volta and later.
-  std::vector<DeviceLoad> full = {Device(0, 80 * kGibibyte, 0, 48, 48)};
-  absl::Status s = ChooseDevice(full, 1.0, kGibibyte, std::nullopt).status();
+  std::vector<DeviceLoad> full = {Device(0, 80 * kGiB, 0, 48, 48)};
+  absl::Status s = ChooseDevice(full, 1.0, kGiB, std::nullopt).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(s.message(), HasSubstr("limit is 48"));
-  EXPECT_EQ(ChooseDevice(full, 1.0, kGibibyte, 0).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ChooseDevice(full, 1.0, kGiB, 0).status().code(), absl::StatusCode::kResourceExhausted);
   // A full device is skipped in automatic placement even if it has the most memory.
-  std::vector<DeviceLoad> mixed = {Device(0, 80 * kGibibyte, 0, 48, 48),
-                                   Device(1, 40 * kGibibyte, 0, 47, 48)};
-  EXPECT_EQ(*ChooseDevice(mixed, 1.0, kGibibyte, std::nullopt), 1);
+  std::vector<DeviceLoad> mixed = {Device(0, 80 * kGiB, 0, 48, 48),
+                                   Device(1, 40 * kGiB, 0, 47, 48)};
+  EXPECT_EQ(*ChooseDevice(mixed, 1.0, kGiB, std::nullopt), 1);
 }
 
 TEST(FormatBytesTest, HumanAndExact) {
   EXPECT_EQ(FormatBytes(512), "512 bytes");
-  EXPECT_EQ(FormatBytes(kGibibyte), "1.00 GiB (1073741824 bytes)");
+  EXPECT_EQ(FormatBytes(kGiB), "1.00 GiB (1073741824 bytes)");
 }
 
 }  // namespace

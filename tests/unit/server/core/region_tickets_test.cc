@@ -16,6 +16,7 @@
 #include "server/backend/cpu/cpu_backend.h"
 #include "server/common/shared_memory.h"
 #include "tests/testing/region_handover.h"
+#include "tests/testing/sizes.h"
 
 namespace tessera {
 namespace {
@@ -25,7 +26,7 @@ using kernels::TensorMeta;
 using ::testing::HasSubstr;
 using testing::MakeMemfd;
 
-constexpr uint64_t kMiB = uint64_t{1} << 20;
+using testing::kMiB;
 
 class RegionsCoreTest : public ::testing::Test {
  protected:

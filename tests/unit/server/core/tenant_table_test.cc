@@ -10,6 +10,7 @@
 
 #include "server/backend/cpu/cpu_backend.h"
 #include "tests/testing/fake_backend.h"
+#include "tests/testing/sizes.h"
 #include "tests/testing/temp_dir.h"
 
 namespace tessera {
@@ -18,7 +19,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::SizeIs;
 
-constexpr uint64_t kGiB = uint64_t{1} << 30;
+using testing::kGiB;
 
 TenantSpec Spec(const std::string& id, uint64_t memory = kGiB) {
   TenantSpec spec;
