@@ -15,9 +15,9 @@ namespace {
 
 using testing::Spec;
 
-using ::testing::HasSubstr;
 using testing::AsFloats;
 using testing::Floats;
+using ::testing::HasSubstr;
 using testing::kGiB;
 using testing::SlowWork;
 
