@@ -9,9 +9,10 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -172,6 +173,25 @@ def tenant(admin: tessera.Admin) -> Iterator[Tuple[str, str]]:
 
 #: The ways a Client moves tensors: TCP, and the Unix socket with and without a region.
 TRANSPORTS = ["tcp", "unix-region", "unix-stream"]
+
+
+def run_in_threads(work: Callable[[int], None], count: int, timeout: float = 120) -> None:
+    """Runs ``work(0)`` .. ``work(count - 1)`` on a thread each, at once, and fails with
+    whatever they raised."""
+    failures: List[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not failures, failures
 
 
 def connect(server: Server, key: str, transport: str = "tcp") -> tessera.Client:

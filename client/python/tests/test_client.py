@@ -1,7 +1,6 @@
 """The Python client against a real tessera-server (see conftest.py)."""
 from __future__ import annotations
 
-import threading
 import time
 
 import grpc
@@ -10,7 +9,7 @@ import pytest
 
 import tessera
 from tessera._proto import compute_pb2
-from conftest import TRANSPORTS
+from conftest import TRANSPORTS, run_in_threads
 
 # The tests of moving tensors run over TCP and the Unix socket, with and without a region.
 every_transport = pytest.mark.parametrize("client", TRANSPORTS, indirect=True)
@@ -91,21 +90,12 @@ def test_downloads_on_several_threads_and_one_stopped_early(client: tessera.Clie
     arrays = [np.random.default_rng(seed).standard_normal(600_000).astype(np.float32)
               for seed in range(4)]
     tensors = [client.put(a) for a in arrays]
-    failures: list = []
 
     def download(i: int) -> None:
-        try:
-            for _ in range(5):
-                np.testing.assert_array_equal(tensors[i].numpy(), arrays[i])
-        except BaseException as e:  # noqa: BLE001  (reported below)
-            failures.append(e)
+        for _ in range(5):
+            np.testing.assert_array_equal(tensors[i].numpy(), arrays[i])
 
-    threads = [threading.Thread(target=download, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not failures, failures
+    run_in_threads(download, 4)
 
     class Stop(Exception):
         pass

@@ -10,7 +10,6 @@ import mmap
 import os
 import socket
 import tempfile
-import threading
 import time
 from typing import Iterator, List, Sequence, Tuple
 
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 
 import tessera
-from conftest import Server, connect
+from conftest import Server, connect, run_in_threads
 from tessera import _regions
 from tessera._proto import compute_pb2 as pb
 from tessera._proto import compute_pb2_grpc
@@ -234,23 +233,13 @@ def test_a_server_without_a_descriptor_socket_turns_regions_off(
 
 
 def test_threads_share_one_client(unix_client: tessera.Client) -> None:
-    failures: List[BaseException] = []
-
     def work(seed: int) -> None:
         rng = np.random.default_rng(seed)
-        try:
-            for i in range(15):
-                a = rng.standard_normal(int(rng.integers(0, 300_000))).astype(np.float32)
-                np.testing.assert_array_equal(unix_client.get(unix_client.put(a)), a)
-        except BaseException as e:  # noqa: BLE001  (reported below)
-            failures.append(e)
+        for _ in range(15):
+            a = rng.standard_normal(int(rng.integers(0, 300_000))).astype(np.float32)
+            np.testing.assert_array_equal(unix_client.get(unix_client.put(a)), a)
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not failures, failures
+    run_in_threads(work, 4)
     assert unix_client.usage().regions == 1
 
 
