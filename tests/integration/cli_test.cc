@@ -1036,7 +1036,10 @@ TEST_F(CliRegionTest, AServerRestartedSinceForgetsTheRegionAndTheClientRegisters
   }
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(*client->Download(again->handle()), data);
-  EXPECT_EQ(Calls("WriteTensorFromRegion"), 2);  // NOT_FOUND with the old region, then OK
+  // NOT_FOUND with the old region, then OK. A call is counted as it ends, which may be just
+  // after its answer reached the client: wait for the count, then check it.
+  EXPECT_TRUE(WaitForCalls("WriteTensorFromRegion", 2)) << server_->output();
+  EXPECT_EQ(Calls("WriteTensorFromRegion"), 2);
   EXPECT_EQ(Calls("WriteTensor"), 0);
 }
 
