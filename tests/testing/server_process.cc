@@ -4,9 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <optional>
-#include <random>
 #include <regex>
 
 #include <arpa/inet.h>
@@ -19,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -141,15 +140,9 @@ int FreePort() {
   }
   const int low = 10000;
   if (ephemeral_low - low >= 1000) {
-    static std::mutex mu;
-    static std::mt19937 rng(static_cast<uint32_t>(getpid()) * 2654435761u ^
-                            static_cast<uint32_t>(absl::ToUnixNanos(absl::Now())));
+    thread_local absl::BitGen gen;
     for (int attempt = 0; attempt < 100; ++attempt) {
-      int port;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        port = std::uniform_int_distribution<int>(low, ephemeral_low - 1)(rng);
-      }
+      const int port = absl::Uniform(gen, low, ephemeral_low);
       if (BindLoopback(port) == port) return port;
     }
   }

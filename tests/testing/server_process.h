@@ -81,7 +81,7 @@ class ServerProcess {
 };
 
 /// Device memory that every backend under test offers: 8 GiB.
-inline constexpr uint64_t kTestDeviceMemoryBytes = uint64_t{8} << 30;
+inline constexpr uint64_t kTestDeviceMemoryBytes = 8 * kGiB;
 
 /// The backend that the integration suite runs its servers on, from $TESSERA_TEST_BACKEND:
 /// "cpu" (the default) or "cuda" (the CUDA module; in CI on the fake driver, which ctest puts
