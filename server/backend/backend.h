@@ -68,6 +68,11 @@ class DeviceBuffer {
   /// True once a fault destroyed the memory (the GPU context it lived in faulted): reads,
   /// writes and launches using it are DATA_LOSS; deleting it is fine.
   virtual bool lost() const { return false; }
+  /// The bytes where this process can read them in place (the CPU backend's host memory), or
+  /// nullptr where only TenantContext::CopyOut reaches them (a GPU's memory). What the pointer
+  /// shows changes only as CopyIn and jobs write the buffer; it stays valid while the buffer
+  /// lives.
+  virtual const void* host_data() const { return nullptr; }
 };
 
 /// One validated launch with its buffers (inputs in the plan's order, then outputs).

@@ -199,6 +199,12 @@ class TenantRuntime : public std::enable_shared_from_this<TenantRuntime> {
     const TensorInfo& info() const { return info_; }
     /// Copies synchronously: call it off gRPC's callback threads.
     absl::Status Read(uint64_t offset, uint64_t bytes, void* dst);
+    /// The tensor's bytes in place, where the backend keeps them in host memory (the CPU
+    /// backend; null on a GPU): a download may send them without copying. The pointer keeps
+    /// the memory alive, not the tensor: its bytes are fixed only while this Reader lives.
+    std::shared_ptr<const uint8_t> HostBytes() const;
+    /// OK while the tenant is open; FAILED_PRECONDITION once it closed (as Read answers).
+    absl::Status CheckOpen() const;
 
    private:
     friend class TenantRuntime;

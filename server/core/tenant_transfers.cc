@@ -150,6 +150,19 @@ absl::Status TenantRuntime::Reader::Read(uint64_t offset, uint64_t bytes, void* 
   return context->CopyOut(*buffer_, offset, dst, bytes);
 }
 
+std::shared_ptr<const uint8_t> TenantRuntime::Reader::HostBytes() const {
+  const void* bytes = buffer_->host_data();
+  if (bytes == nullptr) return nullptr;
+  return std::shared_ptr<const uint8_t>(buffer_, static_cast<const uint8_t*>(bytes));
+}
+
+absl::Status TenantRuntime::Reader::CheckOpen() const {
+  if (runtime_->ContextOrNull() == nullptr) {
+    return absl::FailedPreconditionError("the tenant is closed");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<TenantRuntime::Reader>> TenantRuntime::BeginRead(
     absl::string_view handle) {
   absl::MutexLock lock(&mu_);

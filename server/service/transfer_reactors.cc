@@ -305,12 +305,22 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
   std::atomic<bool> cancelled_{false};
 };
 
-// Downloads: chunks of at most chunk_bytes, each read by the transfer executor straight into
-// a slice of its own that gRPC sends after a small encoded prefix (ReadReplyPrefix). One write
-// in flight while the executor fills the next reply, so the connection never waits for a
-// fill; the executor runs one fill of a download at a time, in order. What the stream holds
-// is charged to the tenant's memory quota as transfer staging: two chunks, the one in flight
-// and the one filled or being filled.
+// Downloads: chunks of at most chunk_bytes, each a reply of a small encoded prefix
+// (ReadReplyPrefix) and a slice of the chunk's bytes. Where the chunk comes from depends on
+// where the tensor lies:
+// - In host memory (the CPU backend), the slice is the tensor's own bytes, lent to gRPC, which
+//   sends them from there: no copy on this side and no executor task; the next reply is made
+//   as the last write completes (on gRPC's thread: it takes no lock but the tenant's). gRPC may
+//   hold a slice past its write's completion, until the socket has taken its bytes, so the
+//   tensor stays pinned (the Reader kept) until every lent slice is back, and only then does
+//   the final OK go out: a client that writes the tensor once its download ended never
+//   changes bytes still to be sent. A download that fails unpins at once (its client trusts
+//   none of its bytes); the memory lives until the last slice is back, and so does the reactor.
+// - Elsewhere (a GPU), each chunk is read by the transfer executor straight into a slice of a
+//   reply block. One write in flight while the executor fills the next reply, so the
+//   connection never waits for a fill; the executor runs one fill of a download at a time, in
+//   order. What the stream holds is charged to the tenant's memory quota as transfer staging:
+//   two chunks, the one in flight and the one filled or being filled.
 class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   ReadTensorReactor(grpc::CallbackServerContext* context, const Authenticator* auth,
@@ -322,6 +332,10 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
       Done(status);
       return;
     }
+    if (host_ != nullptr) {
+      SendInPlace();
+      return;
+    }
     {
       absl::MutexLock lock(&mu_);
       filling_ = true;
@@ -331,6 +345,7 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
 
   // The next reply goes out at once if it is ready, and the one after is filled meanwhile.
   void OnWriteDone(bool ok) override {
+    if (host_ != nullptr) return InPlaceWriteDone(ok);
     bool write = false, fill = false;
     {
       absl::MutexLock lock(&mu_);
@@ -352,9 +367,89 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     if (fill) Post();
   }
 
-  void OnDone() override { delete this; }
+  // Only a download waiting for its lent slices acts here: nothing else is in flight.
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!draining_) return;
+      draining_ = false;
+    }
+    Done(absl::CancelledError("the download was cancelled"));
+  }
+
+  void OnDone() override {
+    canceller_.reset();  // the context ends here; a slice still lent may keep this object
+    runtime_.reset();
+    Unref();
+  }
 
  private:
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+  // In place: makes and sends the next reply (the caller owns reply_: no write is in flight).
+  void SendInPlace() {
+    absl::Status status = NextInPlace(&reply_);
+    if (!status.ok()) return Done(status);
+    StartWrite(&reply_);
+  }
+
+  void InPlaceWriteDone(bool ok) {
+    reply_.Clear();  // gRPC holds what it still needs of the reply
+    if (!ok) return Done(absl::CancelledError("the client stopped reading"));
+    if (position_ < end_) return SendInPlace();
+    {
+      absl::MutexLock lock(&mu_);
+      if (lent_ > 0) {
+        draining_ = true;  // the last slice back ends the call (Returned)
+        return;
+      }
+    }
+    Done(absl::OkStatus());
+  }
+
+  // The next reply, its chunk a slice of the tensor's bytes lent to gRPC (Returned).
+  absl::Status NextInPlace(grpc::ByteBuffer* out) {
+    RETURN_IF_ERROR(reader_->CheckOpen());
+    const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(chunk_bytes_), end_ - position_);
+    grpc::Slice data;
+    if (n > 0) {
+      {
+        absl::MutexLock lock(&mu_);
+        ++lent_;
+      }
+      refs_.fetch_add(1, std::memory_order_relaxed);
+      data = grpc::Slice(const_cast<uint8_t*>(host_.get() + position_), n,
+                         &ReadTensorReactor::Returned, this);
+    }
+    Compose(std::move(data), n, out);
+    return absl::OkStatus();
+  }
+
+  // gRPC let go of a lent slice, on whatever thread dropped it (inside its transport, maybe):
+  // the last one back ends a drained download, from the executor.
+  static void Returned(void* self) {
+    auto* reactor = static_cast<ReadTensorReactor*>(self);
+    bool finish = false;
+    {
+      absl::MutexLock lock(&reactor->mu_);
+      finish = --reactor->lent_ == 0 && reactor->draining_;
+      if (finish) reactor->draining_ = false;
+    }
+    if (finish) {
+      reactor->refs_.fetch_add(1, std::memory_order_relaxed);
+      auto end = [reactor] {
+        reactor->Done(absl::OkStatus());
+        reactor->Unref();
+      };
+      absl::Status queued = reactor->transfers_->Schedule(reactor->runtime_->tenant_id(),
+                                                          TransferWeight(*reactor->runtime_), end);
+      if (!queued.ok()) end();
+    }
+    reactor->Unref();
+  }
+
   absl::Status Start(const Authenticator* auth, grpc::CallbackServerContext* context,
                      const grpc::ByteBuffer& bytes, int64_t max_message_bytes) {
     // As gRPC answers any other method's request that does not parse (docs/api.md).
@@ -385,6 +480,9 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     end_ = request.length() == 0 ? size : request.offset() + request.length();
     // Never more than the range, and smaller chunks when the quota has little room left.
     chunk_bytes_ = std::min<int64_t>(chunk_bytes_, std::max<uint64_t>(end_ - position_, 1));
+    canceller_.emplace(context, runtime_);
+    host_ = reader_->HostBytes();
+    if (host_ != nullptr) return absl::OkStatus();  // sent from where it lies: no staging
     absl::StatusOr<MemoryCharge> charge = runtime_->ReserveStaging(2 * chunk_bytes_);
     while (!charge.ok() && chunk_bytes_ > kMinChunkBytes) {
       chunk_bytes_ = std::max(kMinChunkBytes, chunk_bytes_ / 4);
@@ -393,7 +491,6 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     if (!charge.ok()) return charge.status();
     staging_ = *std::move(charge);
     blocks_ = std::make_shared<ReplyBlocks>(static_cast<size_t>(chunk_bytes_));
-    canceller_.emplace(context, runtime_);
     return absl::OkStatus();
   }
 
@@ -448,6 +545,12 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
       ASSIGN_OR_RETURN(data, blocks_->Take(n, &into));
       RETURN_IF_ERROR(reader_->Read(position_, n, into));
     }
+    Compose(std::move(data), n, out);
+    return absl::OkStatus();
+  }
+
+  // A reply of the next `n` bytes in `data` (the tensor's info first in the first reply).
+  void Compose(grpc::Slice data, uint64_t n, grpc::ByteBuffer* out) {
     std::optional<v1::TensorInfo> info;
     if (first_) {
       TensorInfoToProto(reader_->info(), &info.emplace());
@@ -458,7 +561,6 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
         std::move(data)};
     *out = grpc::ByteBuffer(reply, n > 0 ? 2 : 1);
     position_ += n;
-    return absl::OkStatus();
   }
 
   // Ends the call with failure_ (OK: every reply was sent) once nothing is in flight. The
@@ -485,7 +587,9 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   std::optional<TransferCanceller> canceller_;
   MemoryCharge staging_;
   int64_t chunk_bytes_ = 0;
-  std::shared_ptr<ReplyBlocks> blocks_;  // what replies' chunks are read into
+  std::shared_ptr<ReplyBlocks> blocks_;  // what replies' chunks are read into (copying)
+  std::shared_ptr<const uint8_t> host_;  // the tensor's bytes in place (lending), or null
+  std::atomic<int> refs_{1};             // gRPC's until OnDone, and one per lent slice
   uint64_t position_ = 0, end_ = 0;      // the next fill's; fills run one at a time, in order
   bool first_ = true;
   grpc::ByteBuffer reply_;  // the write in flight (gRPC reads it until OnWriteDone)
@@ -495,6 +599,8 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   bool filled_all_ ABSL_GUARDED_BY(mu_) = false;                // the last reply has been filled
   std::optional<grpc::ByteBuffer> ready_ ABSL_GUARDED_BY(mu_);  // filled, to go next
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  int lent_ ABSL_GUARDED_BY(mu_) = 0;           // slices gRPC holds (lending)
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;  // every reply sent; ends when lent_ is 0
 };
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The data plane through a real server process: tensors, transfers, jobs, programs, quotas,
 // queue bounds, cancellation, deadlines and tenant isolation.
+#include <atomic>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -117,6 +119,53 @@ TEST_F(ComputeTest, LargeStreamedTransfer) {
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_EQ(back->size(), size);
   EXPECT_TRUE(*back == data);
+}
+
+// A download keeps its tensor from changing until its last byte has left the server (on the
+// CPU backend the bytes are sent from the tensor's own memory): every download is one whole
+// version, and a write made once a download has ended is never refused as "in use".
+TEST_F(ComputeTest, ADownloadIsOneVersionAndEndsBeforeItsTensorCanChange) {
+  const size_t size = size_t{4} << 20;
+  auto info = tenant_->Upload(Spec(v1::DTYPE_U8, {static_cast<int64_t>(size)}),
+                              std::string(size, '\0'), 1 << 20);
+  ASSERT_TRUE(info.ok()) << info.status();
+  const std::string handle = info->handle();
+  auto writer = ClientWith(keys_["alpha"]);  // a connection of its own
+  for (int version = 1; version <= 8; ++version) {
+    auto back = tenant_->Download(handle);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, std::string(size, static_cast<char>(version - 1)));
+    // At once, from the same connection and from another one.
+    auto same = tenant_->Overwrite(handle, std::string(size, static_cast<char>(version)));
+    ASSERT_TRUE(same.ok()) << same.status();
+    back = tenant_->Download(handle, 0, 0, 64 << 10);
+    ASSERT_TRUE(back.ok()) << back.status();
+    auto other = writer->Overwrite(handle, std::string(size, static_cast<char>(version)));
+    ASSERT_TRUE(other.ok()) << other.status();
+  }
+  // Downloads and writes racing: a write is refused while a download runs, never interleaved.
+  std::atomic<bool> stop{false};
+  std::atomic<int> written{0}, refused{0};
+  std::thread writes([&] {
+    for (int i = 0; i < 40 && !stop; ++i) {
+      auto done = writer->Overwrite(handle, std::string(size, static_cast<char>(100 + i)));
+      if (done.ok()) {
+        ++written;
+      } else {
+        EXPECT_EQ(done.status().code(), absl::StatusCode::kFailedPrecondition) << done.status();
+        ++refused;
+      }
+    }
+  });
+  for (int i = 0; i < 20; ++i) {
+    auto back = tenant_->Download(handle, 0, 0, 256 << 10);
+    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_EQ(back->size(), size);
+    EXPECT_EQ(back->find_first_not_of((*back)[0]), std::string::npos) << "a torn download";
+  }
+  stop = true;
+  writes.join();
+  EXPECT_GT(written.load(), 0);
 }
 
 TEST_F(ComputeTest, WritesMustCoverTheTensorExactly) {

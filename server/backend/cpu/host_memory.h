@@ -68,6 +68,7 @@ class HostBuffer final : public DeviceBuffer {
 
   uint64_t size() const override { return size_; }
   void* data() const { return data_; }
+  const void* host_data() const override { return data_; }
 
  private:
   HostBuffer(void* data, uint64_t size, uint64_t mapped, std::shared_ptr<HostMappingCache> cache)
