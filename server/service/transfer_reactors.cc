@@ -367,10 +367,13 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     if (fill) Post();
   }
 
-  // Only a download waiting for its lent slices acts here: nothing else is in flight.
+  // Ends a download waiting for its lent slices; one whose last write is still to complete
+  // ends there instead (reactions may run concurrently: the flag keeps the cancel for it).
+  // Anything else in flight fails on its own (OnWriteDone(false)).
   void OnCancel() override {
     {
       absl::MutexLock lock(&mu_);
+      cancelled_ = true;
       if (!draining_) return;
       draining_ = false;
     }
@@ -399,14 +402,16 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     reply_.Clear();  // gRPC holds what it still needs of the reply
     if (!ok) return Done(absl::CancelledError("the client stopped reading"));
     if (position_ < end_) return SendInPlace();
+    bool cancelled = false;
     {
       absl::MutexLock lock(&mu_);
-      if (lent_ > 0) {
+      cancelled = cancelled_;
+      if (lent_ > 0 && !cancelled) {
         draining_ = true;  // the last slice back ends the call (Returned)
         return;
       }
     }
-    Done(absl::OkStatus());
+    Done(cancelled ? absl::CancelledError("the download was cancelled") : absl::OkStatus());
   }
 
   // The next reply, its chunk a slice of the tensor's bytes lent to gRPC (Returned).
@@ -428,7 +433,9 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   }
 
   // gRPC let go of a lent slice, on whatever thread dropped it (inside its transport, maybe):
-  // the last one back ends a drained download, from the executor.
+  // the last one back ends a drained download, from the executor (the call's one task there,
+  // so within the tenant's quota never refused; only a stopped executor leaves it to this
+  // thread).
   static void Returned(void* self) {
     auto* reactor = static_cast<ReadTensorReactor*>(self);
     bool finish = false;
@@ -599,8 +606,9 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   bool filled_all_ ABSL_GUARDED_BY(mu_) = false;                // the last reply has been filled
   std::optional<grpc::ByteBuffer> ready_ ABSL_GUARDED_BY(mu_);  // filled, to go next
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  int lent_ ABSL_GUARDED_BY(mu_) = 0;           // slices gRPC holds (lending)
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;  // every reply sent; ends when lent_ is 0
+  int lent_ ABSL_GUARDED_BY(mu_) = 0;            // slices gRPC holds (lending)
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;   // every reply sent; ends when lent_ is 0
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // OnCancel ran (lending)
 };
 
 }  // namespace
