@@ -168,6 +168,44 @@ TEST_F(ComputeTest, ADownloadIsOneVersionAndEndsBeforeItsTensorCanChange) {
   EXPECT_GT(written.load(), 0);
 }
 
+// A download its client abandons releases its tensor: it can be deleted, and the server,
+// which may still hold the abandoned chunks in its transport, goes on serving.
+TEST_F(ComputeTest, AnAbandonedDownloadReleasesItsTensor) {
+  const size_t size = size_t{16} << 20;
+  auto stub = v1::Compute::NewStub(tenant_->channel());
+  for (int round = 0; round < 4; ++round) {
+    auto info = tenant_->Upload(Spec(v1::DTYPE_U8, {static_cast<int64_t>(size)}),
+                                std::string(size, static_cast<char>('a' + round)));
+    ASSERT_TRUE(info.ok()) << info.status();
+    std::unique_ptr<grpc::ClientContext> context = tenant_->NewContext();
+    v1::ReadTensorRequest read;
+    read.set_handle(info->handle());
+    read.set_chunk_bytes(64 << 10);
+    auto reader = stub->ReadTensor(context.get(), read);
+    v1::ReadTensorResponse chunk;
+    ASSERT_TRUE(reader->Read(&chunk));
+    EXPECT_EQ(chunk.chunk().data(), std::string(64 << 10, static_cast<char>('a' + round)));
+    context->TryCancel();
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    // The server hears of the cancel on its own time.
+    absl::StatusOr<uint64_t> deleted;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    do {
+      deleted = tenant_->DeleteTensor(info->handle());
+      if (deleted.ok()) break;
+      ASSERT_EQ(deleted.status().code(), absl::StatusCode::kFailedPrecondition) << deleted.status();
+      absl::SleepFor(absl::Milliseconds(10));
+    } while (absl::Now() < deadline);
+    ASSERT_TRUE(deleted.ok()) << deleted.status();
+    EXPECT_EQ(*deleted, size);
+  }
+  auto again = tenant_->Upload(Spec(v1::DTYPE_U8, {4 << 20}), std::string(4 << 20, 'z'));
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto back = tenant_->Download(again->handle());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, std::string(4 << 20, 'z'));
+}
+
 TEST_F(ComputeTest, WritesMustCoverTheTensorExactly) {
   auto created = tenant_->CreateTensor(Spec(v1::DTYPE_F32, {4}));
   ASSERT_TRUE(created.ok());
