@@ -172,21 +172,15 @@ TEST_F(ComputeTest, ADownloadIsOneVersionAndEndsBeforeItsTensorCanChange) {
 // which may still hold the abandoned chunks in its transport, goes on serving.
 TEST_F(ComputeTest, AnAbandonedDownloadReleasesItsTensor) {
   const size_t size = size_t{16} << 20;
-  auto stub = v1::Compute::NewStub(tenant_->channel());
   for (int round = 0; round < 4; ++round) {
     auto info = tenant_->Upload(Spec(v1::DTYPE_U8, {static_cast<int64_t>(size)}),
                                 std::string(size, static_cast<char>('a' + round)));
     ASSERT_TRUE(info.ok()) << info.status();
-    std::unique_ptr<grpc::ClientContext> context = tenant_->NewContext();
-    v1::ReadTensorRequest read;
-    read.set_handle(info->handle());
-    read.set_chunk_bytes(64 << 10);
-    auto reader = stub->ReadTensor(context.get(), read);
-    v1::ReadTensorResponse chunk;
-    ASSERT_TRUE(reader->Read(&chunk));
-    EXPECT_EQ(chunk.chunk().data(), std::string(64 << 10, static_cast<char>('a' + round)));
-    context->TryCancel();
-    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    testing::OpenDownload download = testing::StartDownload(*tenant_, info->handle(), 64 << 10);
+    ASSERT_TRUE(download.started);
+    EXPECT_EQ(download.first.chunk().data(), std::string(64 << 10, static_cast<char>('a' + round)));
+    download.context->TryCancel();
+    EXPECT_EQ(download.reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
     // The server hears of the cancel on its own time.
     absl::StatusOr<uint64_t> deleted;
     const absl::Time deadline = absl::Now() + absl::Seconds(10);

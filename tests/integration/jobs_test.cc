@@ -349,14 +349,8 @@ TEST_F(JobsTest, DeregistrationCancelsStalledTransfersAndFreesTheReservationAfte
     auto tensor = client->Upload(spec, std::string(16 << 20, 'a'));
     ASSERT_TRUE(tensor.ok()) << tensor.status();
     // A reader that takes one chunk and stops reading.
-    auto stub = v1::Compute::NewStub(client->channel());
-    std::unique_ptr<grpc::ClientContext> context = client->NewContext();
-    v1::ReadTensorRequest read;
-    read.set_handle(tensor->handle());
-    read.set_chunk_bytes(1 << 20);
-    auto reader = stub->ReadTensor(context.get(), read);
-    v1::ReadTensorResponse chunk;
-    ASSERT_TRUE(reader->Read(&chunk));
+    testing::OpenDownload download = testing::StartDownload(*client, tensor->handle(), 1 << 20);
+    ASSERT_TRUE(download.started);
     auto usage = client->GetUsage();
     ASSERT_TRUE(usage.ok());
     if (OnCpu()) {
@@ -369,9 +363,10 @@ TEST_F(JobsTest, DeregistrationCancelsStalledTransfersAndFreesTheReservationAfte
               absl::StatusCode::kFailedPrecondition);
     ASSERT_TRUE(admin_->DeregisterTenant(id).ok());
     // The stalled stream is cancelled by the deregistration.
-    while (reader->Read(&chunk)) {
+    v1::ReadTensorResponse chunk;
+    while (download.reader->Read(&chunk)) {
     }
-    grpc::Status ended = reader->Finish();
+    grpc::Status ended = download.reader->Finish();
     EXPECT_FALSE(ended.ok());
     // Once the memory is free, the whole device can be promised again.
     absl::Time deadline = absl::Now() + absl::Seconds(10);

@@ -77,6 +77,28 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<Client> admin_;
 };
 
+/// A ReadTensor of `handle` in `chunk_bytes` chunks that has received its first reply
+/// (`started`, in `first`) and reads no further until the test does: a stalled or abandoned
+/// download.
+struct OpenDownload {
+  std::unique_ptr<grpc::ClientContext> context;
+  std::unique_ptr<grpc::ClientReader<v1::ReadTensorResponse>> reader;
+  v1::ReadTensorResponse first;
+  bool started = false;
+};
+inline OpenDownload StartDownload(const Client& client, const std::string& handle,
+                                  uint32_t chunk_bytes) {
+  OpenDownload download;
+  download.context = client.NewContext();
+  v1::ReadTensorRequest read;
+  read.set_handle(handle);
+  read.set_chunk_bytes(chunk_bytes);
+  download.reader =
+      v1::Compute::NewStub(client.channel())->ReadTensor(download.context.get(), read);
+  download.started = download.reader->Read(&download.first);
+  return download;
+}
+
 /// The bytes of f32 `values`, as a tensor holds them.
 inline std::string Floats(const std::vector<float>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
