@@ -313,9 +313,11 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
 //   as the last write completes (on gRPC's thread: it takes no lock but the tenant's). gRPC may
 //   hold a slice past its write's completion, until the socket has taken its bytes, so the
 //   tensor stays pinned (the Reader kept) until every lent slice is back, and only then does
-//   the final OK go out: a client that writes the tensor once its download ended never
-//   changes bytes still to be sent. A download that fails unpins at once (its client trusts
-//   none of its bytes); the memory lives until the last slice is back, and so does the reactor.
+//   the final OK go out, after the reactor let go of the tensor's memory: a client that
+//   writes or deletes the tensor once its download ended never changes bytes still to be
+//   sent, and a deleted tensor's memory is freed at once. A download that fails unpins at
+//   once (its client trusts none of its bytes); the memory lives until the last slice is
+//   back, and so does the reactor.
 // - Elsewhere (a GPU), each chunk is read by the transfer executor straight into a slice of a
 //   reply block. One write in flight while the executor fills the next reply, so the
 //   connection never waits for a fill; the executor runs one fill of a download at a time, in
@@ -332,7 +334,7 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
       Done(status);
       return;
     }
-    if (host_ != nullptr) {
+    if (lending_) {
       SendInPlace();
       return;
     }
@@ -345,7 +347,7 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
 
   // The next reply goes out at once if it is ready, and the one after is filled meanwhile.
   void OnWriteDone(bool ok) override {
-    if (host_ != nullptr) return InPlaceWriteDone(ok);
+    if (lending_) return InPlaceWriteDone(ok);
     bool write = false, fill = false;
     {
       absl::MutexLock lock(&mu_);
@@ -439,10 +441,12 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   static void Returned(void* self) {
     auto* reactor = static_cast<ReadTensorReactor*>(self);
     bool finish = false;
+    std::shared_ptr<const uint8_t> host;  // after a failed download, the last slice's
     {
       absl::MutexLock lock(&reactor->mu_);
       finish = --reactor->lent_ == 0 && reactor->draining_;
       if (finish) reactor->draining_ = false;
+      if (reactor->lent_ == 0 && reactor->ended_) host = std::move(reactor->host_);
     }
     if (finish) {
       reactor->refs_.fetch_add(1, std::memory_order_relaxed);
@@ -489,7 +493,8 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     chunk_bytes_ = std::min<int64_t>(chunk_bytes_, std::max<uint64_t>(end_ - position_, 1));
     canceller_.emplace(context, runtime_);
     host_ = reader_->HostBytes();
-    if (host_ != nullptr) return absl::OkStatus();  // sent from where it lies: no staging
+    lending_ = host_ != nullptr;
+    if (lending_) return absl::OkStatus();  // sent from where it lies: no staging
     absl::StatusOr<MemoryCharge> charge = runtime_->ReserveStaging(2 * chunk_bytes_);
     while (!charge.ok() && chunk_bytes_ > kMinChunkBytes) {
       chunk_bytes_ = std::max(kMinChunkBytes, chunk_bytes_ / 4);
@@ -584,6 +589,13 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   void Done(const absl::Status& status) {
     reader_.reset();
     staging_.Release();
+    std::shared_ptr<const uint8_t> host;  // the tensor's memory, let go of before the answer
+    {
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+      if (lent_ == 0) host = std::move(host_);  // else the last slice back lets go of it
+    }
+    host.reset();
     Finish(log_.Finish(status));
   }
 
@@ -595,9 +607,14 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   MemoryCharge staging_;
   int64_t chunk_bytes_ = 0;
   std::shared_ptr<ReplyBlocks> blocks_;  // what replies' chunks are read into (copying)
-  std::shared_ptr<const uint8_t> host_;  // the tensor's bytes in place (lending), or null
-  std::atomic<int> refs_{1};             // gRPC's until OnDone, and one per lent slice
-  uint64_t position_ = 0, end_ = 0;      // the next fill's; fills run one at a time, in order
+  bool lending_ = false;  // the replies lend the tensor's bytes (host_), set by Start
+  // The tensor's bytes in place, or null; held while a slice is lent or the call runs (the
+  // flow of writes reads it unlocked; Done and Returned let go of it under mu_). Its memory is
+  // the tensor's, charged to the quota until freed: a deleted tensor's bytes must not outlive
+  // the call's answer.
+  std::shared_ptr<const uint8_t> host_;
+  std::atomic<int> refs_{1};         // gRPC's until OnDone, and one per lent slice
+  uint64_t position_ = 0, end_ = 0;  // the next fill's; fills run one at a time, in order
   bool first_ = true;
   grpc::ByteBuffer reply_;  // the write in flight (gRPC reads it until OnWriteDone)
   absl::Mutex mu_;
@@ -609,6 +626,7 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   int lent_ ABSL_GUARDED_BY(mu_) = 0;            // slices gRPC holds (lending)
   bool draining_ ABSL_GUARDED_BY(mu_) = false;   // every reply sent; ends when lent_ is 0
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // OnCancel ran (lending)
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;      // Done ran: the last slice back drops host_
 };
 
 }  // namespace

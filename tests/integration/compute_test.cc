@@ -168,6 +168,26 @@ TEST_F(ComputeTest, ADownloadIsOneVersionAndEndsBeforeItsTensorCanChange) {
   EXPECT_GT(written.load(), 0);
 }
 
+// The memory of a tensor deleted right after its download is free at once: the download's
+// answer comes after the server let go of the tensor's bytes.
+TEST_F(ComputeTest, ATensorDeletedRightAfterItsDownloadIsFreedAtOnce) {
+  auto before = tenant_->GetUsage();
+  ASSERT_TRUE(before.ok()) << before.status();
+  const size_t size = size_t{8} << 20;
+  for (int round = 0; round < 20; ++round) {
+    auto info = tenant_->Upload(Spec(v1::DTYPE_U8, {static_cast<int64_t>(size)}),
+                                std::string(size, static_cast<char>(round)));
+    ASSERT_TRUE(info.ok()) << info.status();
+    auto back = tenant_->Download(info->handle());
+    ASSERT_TRUE(back.ok()) << back.status();
+    auto deleted = tenant_->DeleteTensor(info->handle());
+    ASSERT_TRUE(deleted.ok()) << deleted.status();
+    auto usage = tenant_->GetUsage();
+    ASSERT_TRUE(usage.ok()) << usage.status();
+    ASSERT_EQ(usage->memory_used_bytes(), before->memory_used_bytes()) << "round " << round;
+  }
+}
+
 // A download its client abandons releases its tensor: it can be deleted, and the server,
 // which may still hold the abandoned chunks in its transport, goes on serving.
 TEST_F(ComputeTest, AnAbandonedDownloadReleasesItsTensor) {
