@@ -1,6 +1,7 @@
 #include "tessera/client.h"
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "grpcpp/support/proto_buffer_reader.h"
 
 #include "client/host_pages.h"
+#include "client/read_sink.h"
 #include "client/region_pool.h"
 #include "wire/chunk_prefix.h"
 #include "wire/slice_cursor.h"
@@ -217,13 +219,12 @@ grpc::Status StreamWrite(const std::shared_ptr<grpc::Channel>& channel,
   return grpc::Status::OK;
 }
 
-// ReadTensor into `*bytes` (replaced). Replies are read as gRPC received them (ByteBuffer) and
-// their data appended from there: one copy, where a generated reader would parse each into a
-// string first. One operation at a time on a queue of the call's own, each waited for.
+// ReadTensor into `sink`. Replies are read as gRPC received them (ByteBuffer) and their data
+// appended from there: one copy, where a generated reader would parse each into a string first.
+// One operation at a time on a queue of the call's own, each waited for.
 grpc::Status StreamRead(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* context,
                         const v1::ReadTensorRequest& request, const Client::Progress& progress,
-                        std::string* bytes) {
-  bytes->clear();
+                        client_internal::ReadSink* sink) {
   grpc::TemplatedGenericStub<v1::ReadTensorRequest, grpc::ByteBuffer> stub(channel);
   CallQueue queue;
   auto done = [&queue] { return queue.Wait(); };
@@ -234,35 +235,95 @@ grpc::Status StreamRead(const std::shared_ptr<grpc::Channel>& channel, grpc::Cli
     call->WriteLast(request, grpc::WriteOptions(), nullptr);
     open = done();
   }
+  bool started = false;
   uint64_t total = 0;
+  uint64_t received = 0;
   grpc::Status broken;
+  auto data_loss = [](absl::string_view what) {
+    return grpc::Status(grpc::StatusCode::DATA_LOSS, absl::StrCat("ReadTensor returned ", what));
+  };
   for (grpc::ByteBuffer message; open;) {
     call->Read(&message, nullptr);
     if (!done()) break;
     ReadReply reply;
     if (!ReadReplyFrom(message, &reply)) {
-      broken = grpc::Status(grpc::StatusCode::DATA_LOSS,
-                            "ReadTensor returned a message that is not a ReadTensorResponse");
-    } else if (reply.offset != request.offset() + bytes->size()) {
-      broken = grpc::Status(grpc::StatusCode::DATA_LOSS, "ReadTensor returned chunks out of order");
+      broken = data_loss("a message that is not a ReadTensorResponse");
+    } else if (reply.offset != request.offset() + received) {
+      broken = data_loss("chunks out of order");
+    } else if (reply.info.has_value() && !started) {
+      started = true;
+      total =
+          request.length() != 0 ? request.length() : reply.info->size_bytes() - request.offset();
+      const absl::Status start = sink->Start(*reply.info, total);
+      if (!start.ok()) {
+        broken =
+            grpc::Status(static_cast<grpc::StatusCode>(start.code()), std::string(start.message()));
+      }
+    } else if (!started) {
+      broken = data_loss("data before the tensor's TensorInfo");
     }
+    uint64_t size = 0;
+    for (absl::string_view piece : reply.pieces) size += piece.size();
+    if (broken.ok() && size > total - received) broken = data_loss("more bytes than it announced");
     if (!broken.ok()) {
       context->TryCancel();
       break;
     }
-    if (reply.info.has_value()) {
-      total =
-          request.length() != 0 ? request.length() : reply.info->size_bytes() - request.offset();
-      client_internal::ReserveForFill(bytes, total);
-    }
-    for (absl::string_view piece : reply.pieces) bytes->append(piece.data(), piece.size());
-    if (progress) progress(bytes->size(), total);
+    for (absl::string_view piece : reply.pieces) sink->Append(piece);
+    received += size;
+    if (progress) progress(received, total);
   }
   grpc::Status status;
   call->Finish(&status, nullptr);
   done();
-  return broken.ok() ? status : broken;
+  if (!broken.ok()) return broken;
+  if (status.ok() && !started) return data_loss("no messages");
+  if (status.ok() && received != total) {
+    return data_loss(absl::StrCat(received, " of the ", total, " bytes it announced"));
+  }
+  return status;
 }
+
+// Download's result: a string reserved for the whole (huge pages) and appended to.
+class StringSink : public client_internal::ReadSink {
+ public:
+  absl::Status Start(const v1::TensorInfo&, uint64_t bytes) override {
+    client_internal::ReserveForFill(&bytes_, bytes);
+    return absl::OkStatus();
+  }
+  void Append(absl::string_view piece) override { bytes_.append(piece.data(), piece.size()); }
+  std::string Take() { return std::move(bytes_); }
+
+ private:
+  std::string bytes_;
+};
+
+// DownloadTo's: the caller's memory, asked for once the size is known.
+class DestinationSink : public client_internal::ReadSink {
+ public:
+  explicit DestinationSink(Client::Destination destination) : destination_(destination) {}
+  absl::Status Start(const v1::TensorInfo& info, uint64_t bytes) override {
+    info_ = info;
+    absl::StatusOr<char*> out = destination_(info, bytes);
+    if (!out.ok()) return out.status();
+    if (*out == nullptr && bytes != 0) {
+      return absl::InvalidArgumentError("DownloadTo's destination returned no memory");
+    }
+    out_ = *out;
+    return absl::OkStatus();
+  }
+  void Append(absl::string_view piece) override {
+    std::memcpy(out_ + written_, piece.data(), piece.size());
+    written_ += piece.size();
+  }
+  v1::TensorInfo& info() { return info_; }
+
+ private:
+  Client::Destination destination_;
+  v1::TensorInfo info_;
+  char* out_ = nullptr;
+  uint64_t written_ = 0;
+};
 
 }  // namespace
 
@@ -309,10 +370,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls_cert_file and tls_key_file must be given together");
   }
+  if (options.tls_cert_pem.empty() != options.tls_key_pem.empty()) {
+    return absl::InvalidArgumentError("tls_cert_pem and tls_key_pem must be given together");
+  }
   std::shared_ptr<grpc::ChannelCredentials> credentials;
-  if (options.tls || !options.tls_ca_file.empty() || !options.tls_cert_file.empty()) {
+  if (options.tls || !options.tls_ca_file.empty() || !options.tls_cert_file.empty() ||
+      !options.tls_ca_pem.empty() || !options.tls_cert_pem.empty()) {
     options.tls = true;
     grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_ca_pem;
+    ssl.pem_cert_chain = options.tls_cert_pem;
+    ssl.pem_private_key = options.tls_key_pem;
     if (!options.tls_ca_file.empty()) {
       absl::StatusOr<std::string> ca = ReadFile(options.tls_ca_file, "tls_ca_file");
       if (!ca.ok()) return ca.status();
@@ -385,8 +453,10 @@ std::string Client::unix_socket_path() const { return Current()->unix_socket_pat
 
 std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() +
-                        absl::ToChronoMilliseconds(options_.timeout));
+  if (options_.timeout != absl::InfiniteDuration()) {
+    context->set_deadline(std::chrono::system_clock::now() +
+                          absl::ToChronoMilliseconds(options_.timeout));
+  }
   if (!options_.token.empty()) {
     context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
   }
@@ -627,24 +697,41 @@ absl::StatusOr<v1::TensorInfo> Client::Overwrite(absl::string_view handle, absl:
   return Write(header, data, chunk_bytes, progress);
 }
 
-absl::StatusOr<std::string> Client::Download(absl::string_view handle, uint64_t offset,
-                                             uint64_t length, uint32_t chunk_bytes,
-                                             const Progress& progress) {
-  if (std::optional<absl::StatusOr<std::string>> read = ReadThroughRegion(handle, offset, length)) {
-    if (read->ok() && progress) progress((*read)->size(), (*read)->size());
-    return *std::move(read);
+absl::Status Client::Read(absl::string_view handle, uint64_t offset, uint64_t length,
+                          uint32_t chunk_bytes, const Progress& progress,
+                          client_internal::ReadSink* sink) {
+  // Through a region: `sink` filled at once, progress called once.
+  if (std::optional<absl::StatusOr<uint64_t>> read =
+          ReadThroughRegion(handle, offset, length, sink)) {
+    if (read->ok() && progress) progress(**read, **read);
+    return read->status();
   }
   v1::ReadTensorRequest request;
   request.set_handle(std::string(handle));
   request.set_offset(offset);
   request.set_length(length);
   request.set_chunk_bytes(chunk_bytes);
-  std::string bytes;
-  absl::Status status = Run([&](const Connection& connection, grpc::ClientContext* context) {
-    return StreamRead(connection.channel, context, request, progress, &bytes);
+  return Run([&](const Connection& connection, grpc::ClientContext* context) {
+    return StreamRead(connection.channel, context, request, progress, sink);
   });
+}
+
+absl::StatusOr<std::string> Client::Download(absl::string_view handle, uint64_t offset,
+                                             uint64_t length, uint32_t chunk_bytes,
+                                             const Progress& progress) {
+  StringSink sink;
+  absl::Status status = Read(handle, offset, length, chunk_bytes, progress, &sink);
   if (!status.ok()) return status;
-  return bytes;
+  return sink.Take();
+}
+
+absl::StatusOr<v1::TensorInfo> Client::DownloadTo(absl::string_view handle, Destination destination,
+                                                  uint64_t offset, uint64_t length,
+                                                  uint32_t chunk_bytes, const Progress& progress) {
+  DestinationSink sink(destination);
+  absl::Status status = Read(handle, offset, length, chunk_bytes, progress, &sink);
+  if (!status.ok()) return status;
+  return std::move(sink.info());
 }
 
 absl::StatusOr<v1::TensorInfo> Client::GetTensor(absl::string_view handle) {

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
-#include "client/host_pages.h"
+#include "client/read_sink.h"
 #include "client/region_pool.h"
 #include "tessera/client.h"
 
@@ -318,9 +318,9 @@ std::optional<absl::StatusOr<v1::TensorInfo>> Client::WriteThroughRegion(
   return written;
 }
 
-std::optional<absl::StatusOr<std::string>> Client::ReadThroughRegion(absl::string_view handle,
-                                                                     uint64_t offset,
-                                                                     uint64_t length) {
+std::optional<absl::StatusOr<uint64_t>> Client::ReadThroughRegion(absl::string_view handle,
+                                                                  uint64_t offset, uint64_t length,
+                                                                  client_internal::ReadSink* sink) {
   if (!options_.use_regions || unix_socket_path_.empty() || !regions_->available()) {
     return std::nullopt;
   }
@@ -352,10 +352,10 @@ std::optional<absl::StatusOr<std::string>> Client::ReadThroughRegion(absl::strin
     request.set_region(lease->region().handle());
     read = ReadTensorIntoRegion(request);
     if (read.ok()) {
-      std::string bytes;
-      client_internal::ReserveForFill(&bytes, read->bytes());
-      bytes.append(lease->data(), read->bytes());  // the one copy here
-      return bytes;
+      absl::Status started = sink->Start(read->info(), read->bytes());
+      if (!started.ok()) return started;
+      sink->Append(absl::string_view(lease->data(), read->bytes()));  // the one copy here
+      return read->bytes();
     }
     const bool forgotten = Forgotten(read.status(), lease->region());
     if (!forgotten && !TooSmall(read.status(), lease->region())) return read.status();

@@ -18,6 +18,8 @@ packages=(
   libgtest-dev libgmock-dev openssl curl systemd yamllint prometheus clang libclang-rt-dev
   # the Python client (client/python) and its tests
   python3-grpcio python3-protobuf python3-numpy python3-pytest
+  # the headers of tessera._native, the package's transfers through the C++ client library
+  python3-dev
 )
 # --bench: also what the benchmark suite needs (tests/bench/run.sh): its plots.
 if [[ ${1:-} == --bench ]]; then

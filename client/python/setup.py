@@ -2,7 +2,13 @@
 
 Needs `protoc` and `grpc_python_plugin` (Debian: protobuf-compiler, protobuf-compiler-grpc)
 on PATH, or TESSERA_PROTOC / TESSERA_GRPC_PYTHON_PLUGIN naming them.
+
+Also takes in tessera._native (the transfers through the C++ client library) where the CMake
+build made it for this Python: $TESSERA_NATIVE_MODULE, else the repository's build/ (or
+build-ci/) tree. Without it the package streams through grpcio (docs/python.md).
 """
+import glob
+import importlib.machinery
 import os
 import shutil
 import subprocess
@@ -45,6 +51,23 @@ class BuildWithStubs(build_py):
                     f.write(text)
         with open(os.path.join(out, "__init__.py"), "w") as f:
             f.write("# Generated gRPC stubs for tessera.v1 (do not edit).\n")
+        native = _native_module()
+        if native:
+            shutil.copy(native, os.path.join(self.build_lib, "tessera", os.path.basename(native)))
+
+
+def _native_module() -> str:
+    """The built tessera._native for this Python, or "" when there is none."""
+    given = os.environ.get("TESSERA_NATIVE_MODULE")
+    if given:
+        return given
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        for tree in ("build", "build-ci"):
+            found = glob.glob(os.path.join(HERE, "..", "..", tree, "client", "python", "gen",
+                                           "tessera", "_native" + suffix))
+            if found:
+                return found[0]
+    return ""
 
 
 setup(cmdclass={"build_py": BuildWithStubs})

@@ -220,6 +220,82 @@ TEST_F(ComputeTest, AnAbandonedDownloadReleasesItsTensor) {
   EXPECT_EQ(*back, std::string(4 << 20, 'z'));
 }
 
+TEST_F(ComputeTest, DownloadToFillsTheCallersMemory) {
+  // The client library's download into memory the caller owns (the Python package's arrays
+  // use it): asked for once the size is known, written once, the tensor's TensorInfo returned.
+  const size_t size = (size_t{3} << 20) + 5;
+  std::string data(size, '\0');
+  for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>(i * 7 + i / 4096);
+  auto info = tenant_->Upload(Spec(v1::DTYPE_U8, {static_cast<int64_t>(size)}), data);
+  ASSERT_TRUE(info.ok()) << info.status();
+  std::vector<char> out(size);
+  int asked = 0;
+  auto got = tenant_->DownloadTo(
+      info->handle(),
+      [&](const v1::TensorInfo& tensor, uint64_t bytes) -> absl::StatusOr<char*> {
+        ++asked;
+        EXPECT_EQ(tensor.handle(), info->handle());
+        EXPECT_EQ(bytes, size);
+        return out.data();
+      },
+      0, 0, 64 << 10);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(got->size_bytes(), size);
+  EXPECT_TRUE(std::string(out.begin(), out.end()) == data);
+  // A range: `length` bytes from `offset`, and an empty one at the end.
+  std::vector<char> part(1000);
+  got = tenant_->DownloadTo(
+      info->handle(),
+      [&](const v1::TensorInfo&, uint64_t bytes) -> absl::StatusOr<char*> {
+        EXPECT_EQ(bytes, part.size());
+        return part.data();
+      },
+      12345, part.size());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(std::string(part.begin(), part.end()) == data.substr(12345, part.size()));
+  got = tenant_->DownloadTo(
+      info->handle(),
+      [](const v1::TensorInfo&, uint64_t bytes) -> absl::StatusOr<char*> {
+        EXPECT_EQ(bytes, 0u);
+        return nullptr;
+      },
+      size);
+  EXPECT_TRUE(got.ok()) << got.status();
+  // The destination's error cancels the call and is its answer; the client goes on.
+  got = tenant_->DownloadTo(info->handle(), [](const v1::TensorInfo&, uint64_t) {
+    return absl::StatusOr<char*>(absl::ResourceExhaustedError("no room for it here"));
+  });
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(got.status().message(), HasSubstr("no room for it here"));
+  // An unknown handle is the server's NOT_FOUND, the destination never asked.
+  got = tenant_->DownloadTo("t_unknown", [&](const v1::TensorInfo&, uint64_t) {
+    ADD_FAILURE() << "asked for memory";
+    return absl::StatusOr<char*>(out.data());
+  });
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
+  std::fill(out.begin(), out.end(), 0);
+  got = tenant_->DownloadTo(info->handle(), [&](const v1::TensorInfo&, uint64_t) {
+    return absl::StatusOr<char*>(out.data());
+  });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(std::string(out.begin(), out.end()) == data);
+}
+
+TEST_F(ComputeTest, AClientWithoutADeadlineWaits) {
+  // ClientOptions::timeout = InfiniteDuration: calls carry no deadline (they used to get one
+  // in the past, computed from the largest duration).
+  auto client = Client::Connect({.address = server_->address(),
+                                 .token = keys_["alpha"],
+                                 .timeout = absl::InfiniteDuration()});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto info = (*client)->Upload(Spec(v1::DTYPE_U8, {3 << 20}), std::string(3 << 20, 'q'));
+  ASSERT_TRUE(info.ok()) << info.status();
+  auto back = (*client)->Download(info->handle());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == std::string(3 << 20, 'q'));
+}
+
 TEST_F(ComputeTest, WritesMustCoverTheTensorExactly) {
   auto created = tenant_->CreateTensor(Spec(v1::DTYPE_F32, {4}));
   ASSERT_TRUE(created.ok());

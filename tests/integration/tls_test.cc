@@ -1,4 +1,7 @@
 // TLS and mutual TLS with certificates minted per test run by the openssl CLI.
+#include <fstream>
+#include <iterator>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -72,8 +75,29 @@ TEST_F(TlsTest, MutualTlsRequiresAClientCertificate) {
   EXPECT_EQ(info->transport_security(), "mtls");
 }
 
+TEST_F(TlsTest, CertificatesMayBeGivenAsPemText) {
+  // ClientOptions' *_pem fields, for callers that hold the certificates in memory (the Python
+  // package's transfers through this library).
+  auto server = Start(/*mutual=*/true);
+  ASSERT_NE(server, nullptr);
+  auto text = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  auto info = Info(*server, {.tls_ca_pem = text(certs_->File("ca.pem")),
+                             .tls_cert_pem = text(certs_->File("client.pem")),
+                             .tls_key_pem = text(certs_->File("client.key"))});
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->transport_security(), "mtls");
+  // The CA alone implies TLS, and the server still wants a client certificate.
+  EXPECT_EQ(Info(*server, {.tls_ca_pem = text(certs_->File("ca.pem"))}).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
 TEST_F(TlsTest, ClientRefusesInconsistentOptions) {
   EXPECT_EQ(Client::Connect({.tls_cert_file = "a.pem"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Client::Connect({.tls_cert_pem = "-----BEGIN CERTIFICATE-----"}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Client::Connect({.tls = true, .tls_ca_file = "/nonexistent.pem"}).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -21,6 +21,9 @@
 #include "tessera/v1/tenant_admin.grpc.pb.h"
 
 namespace tessera {
+namespace client_internal {
+class ReadSink;
+}  // namespace client_internal
 
 struct ClientOptions {
   /// host:port of the server, or "unix:PATH" for its --unix_socket on this node.
@@ -34,7 +37,12 @@ struct ClientOptions {
   /// Client certificate and key (PEM) for mutual TLS.
   std::string tls_cert_file;
   std::string tls_key_file;
-  /// Per-call deadline.
+  /// The same as PEM text, for callers that hold it in memory (e.g. the Python package); each
+  /// is used where its `*_file` is empty, and a non-empty one implies `tls`.
+  std::string tls_ca_pem;
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  /// Per-call deadline (absl::InfiniteDuration(): none).
   absl::Duration timeout = absl::Seconds(30);
   /// With `address` "unix:PATH" (a tessera-server with --unix_socket on this node), Upload,
   /// Overwrite and Download move the bytes through a shared-memory region instead of messages
@@ -163,6 +171,20 @@ class Client {
   absl::StatusOr<std::string> Download(absl::string_view handle, uint64_t offset = 0,
                                        uint64_t length = 0, uint32_t chunk_bytes = 0,
                                        const Progress& progress = nullptr);
+  /// Where DownloadTo writes: called once, as soon as the server has said how many bytes
+  /// come (`info` is the tensor, `bytes` what this read returns), before any is written. It
+  /// returns memory for `bytes` bytes that stays valid until DownloadTo returns, or an error,
+  /// which cancels the call and is DownloadTo's answer.
+  using Destination =
+      absl::FunctionRef<absl::StatusOr<char*>(const v1::TensorInfo& info, uint64_t bytes)>;
+  /// Download into memory the caller provides (one copy into it, no std::string): for callers
+  /// that own their buffers, such as the Python package's arrays. Returns the tensor's
+  /// TensorInfo; the bytes written are `length`, or from `offset` to the end. DATA_LOSS when
+  /// the server sends other than it announced.
+  absl::StatusOr<v1::TensorInfo> DownloadTo(absl::string_view handle, Destination destination,
+                                            uint64_t offset = 0, uint64_t length = 0,
+                                            uint32_t chunk_bytes = 0,
+                                            const Progress& progress = nullptr);
   absl::StatusOr<v1::TensorInfo> GetTensor(absl::string_view handle);
   absl::StatusOr<std::vector<v1::TensorInfo>> ListAllTensors();
   /// Returns the bytes released.
@@ -296,8 +318,14 @@ class Client {
   // The region paths of Write and Download; nullopt when they stream instead.
   std::optional<absl::StatusOr<v1::TensorInfo>> WriteThroughRegion(const v1::WriteHeader& header,
                                                                    absl::string_view data);
-  std::optional<absl::StatusOr<std::string>> ReadThroughRegion(absl::string_view handle,
-                                                               uint64_t offset, uint64_t length);
+  // ReadThroughRegion returns the bytes it read into `sink`.
+  std::optional<absl::StatusOr<uint64_t>> ReadThroughRegion(absl::string_view handle,
+                                                            uint64_t offset, uint64_t length,
+                                                            client_internal::ReadSink* sink);
+  // Download and DownloadTo: through a region or the stream, into `sink`.
+  absl::Status Read(absl::string_view handle, uint64_t offset, uint64_t length,
+                    uint32_t chunk_bytes, const Progress& progress,
+                    client_internal::ReadSink* sink);
   void ReturnRegion(std::unique_ptr<SharedRegion> region);
 
   const ClientOptions options_;  // address: where Connect sent the first calls

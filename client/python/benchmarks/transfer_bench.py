@@ -12,7 +12,9 @@ C++ baseline is `tessera_transfer_bench` (tests/bench/transfer_bench.cc):
 tessera::Client::Upload and Download timed in process, with the library's default chunks (as
 each client's user gets them), against the same server. Each round times `--reps` Python
 transfers, then `--reps` C++ ones; the ratios are per round (same-run), so that a machine
-whose load drifts compares like with like. The `tessera` CLI is timed too (process start,
+whose load drifts compares like with like. The package moves the bytes through
+tessera._native (the C++ client library) where it is built, through grpcio with `--grpcio`
+(or where it is not). The `tessera` CLI is timed too (process start,
 .npy on /dev/shm, progress bar), for context only (`--no-cli` skips it).
 `--cpp-preload=libtcmalloc_minimal.so.4` runs the C++ bench with tcmalloc: with glibc's
 malloc, gRPC's receive buffers for 4 MiB messages are returned to the system when freed and
@@ -112,7 +114,9 @@ def tcp_bench(args: argparse.Namespace, server: conftest.Server, key: str,
     cpp_up: List[float] = []
     cpp_down: List[float] = []
     rounds = []
-    with tessera.Client(server.addr, token=key) as client:
+    with tessera.Client(server.addr, token=key, native=False if args.grpcio else None) as client:
+        print("Python transfers through "
+              + ("tessera._native (the C++ client library)" if client.uses_native else "grpcio"))
         for _ in range(args.rounds):
             pu, pd = python_reps(client, a, args.reps)
             cu, cd = cpp_reps(env, args.mib, args.reps, args.cpp_preload)
@@ -226,6 +230,9 @@ def main() -> None:
     parser.add_argument("--regions", action="store_true",
                         help="time regions over the Unix socket (no C++ or CLI)")
     parser.add_argument("--no-cli", dest="cli", action="store_false")
+    parser.add_argument("--grpcio", action="store_true",
+                        help="time the package's transfers through grpcio (native=False) "
+                             "instead of tessera._native")
     parser.add_argument("--cpp-preload", default="",
                         help="LD_PRELOAD for the C++ bench, e.g. libtcmalloc_minimal.so.4: "
                              "its allocator then keeps freed chunks mapped, as the Python "

@@ -20,6 +20,11 @@ from ._proto import compute_pb2_grpc
 from ._proto import tenant_admin_pb2 as apb
 from ._proto import tenant_admin_pb2_grpc
 
+try:  # the C++ client library's transfers (native.cc), built with the package's stubs
+    from . import _native
+except ImportError:
+    _native = None  # type: ignore[assignment]
+
 DEFAULT_ADDR = "127.0.0.1:50051"
 #: The server's default --max_message_bytes; chunks stay well below it.
 MAX_MESSAGE_BYTES = 64 << 20
@@ -34,6 +39,9 @@ CREATE_TENSOR_MAX_BYTES = 16 << 20
 #: at 1 MiB those intermediate copies stay in the CPU's cache, at 4 MiB they go to memory:
 #: a 256 MiB download takes about a fifth less CPU time (docs/python.md, "Bulk transfers").
 READ_CHUNK_BYTES = 1 << 20
+#: Set to 0, Clients made with ``native=None`` stream through grpcio even where tessera._native
+#: is built (docs/python.md, "Bulk transfers").
+ENV_NATIVE = "TESSERA_PY_NATIVE"
 #: How long close() (or the finalizer of a client never closed) waits to unregister regions.
 REGION_CLOSE_TIMEOUT_S = 10.0
 
@@ -284,6 +292,10 @@ class _Connection:
     def __init__(self, addr: str, channel: grpc.Channel) -> None:
         self.addr = addr
         self.channel = channel
+        # The C++ client library's connection to addr for bulk transfers (tessera._native),
+        # made on the first one (Client._native_of) and closed with the channel.
+        self.native: Any = None
+        self.native_timeout = -1.0
         self.stub = compute_pb2_grpc.ComputeStub(channel)
         # ReadTensor with the response bytes as they arrive: _read finds each chunk's data in
         # them and copies it once, into the array (protobuf's parse would copy it twice more).
@@ -301,6 +313,28 @@ class _Connection:
     def name_of(self, method: Callable) -> Optional[str]:
         """The name of ``method`` when it is one of this connection's stub methods."""
         return next((k for k, v in vars(self.stub).items() if v is method), None)
+
+
+class _NativeRpcError(grpc.RpcError):
+    """A failed call of tessera._native, shaped as grpcio's errors are (code, details,
+    trailing metadata with the retry hint), so that following the tenant and converting to
+    a TesseraError treat both alike."""
+
+    def __init__(self, code: int, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self._code = _code(code) or grpc.StatusCode.UNKNOWN
+        self._message = message
+        self._trailers: Tuple[Tuple[str, str], ...] = (
+            (("grpc-retry-pushback-ms", str(retry_after_ms)),) if retry_after_ms >= 0 else ())
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._message
+
+    def trailing_metadata(self) -> Tuple[Tuple[str, str], ...]:
+        return self._trailers
 
 
 def _trailer(error: grpc.RpcError, key: str) -> str:
@@ -607,6 +641,13 @@ class Client(_Base):
     makes the client ask ``addr`` where the tenant lives now, for the next call.
     ``client.addr`` is where calls go now.
 
+    Over the gRPC streams (TCP, or ``unix:`` with regions off), ``put`` and ``get`` of more
+    than one message move the bytes through the C++ client library (the extension module
+    tessera._native, built with the package's stubs) with the GIL released: as fast as a C++
+    client. ``native=False`` (or ``TESSERA_PY_NATIVE=0`` when ``native`` is None) streams
+    through grpcio instead, as does a transfer with a ``progress`` callback, and every
+    transfer where the module is not built; ``client.uses_native`` says which.
+
     >>> with tessera.Client("127.0.0.1:50051", token=key) as client:
     ...     t = client.put(np.zeros((4, 4), np.float16))
     """
@@ -616,12 +657,22 @@ class Client(_Base):
                  private_key: Optional[bytes] = None,
                  certificate_chain: Optional[bytes] = None, timeout: Optional[float] = None,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 regions: Optional[bool] = None, follow_home: bool = True) -> None:
+                 regions: Optional[bool] = None, follow_home: bool = True,
+                 native: Optional[bool] = None) -> None:
         super().__init__(addr, token, tls, root_certificates, private_key, certificate_chain,
                          timeout, max_message_bytes)
+        if native and _native is None:
+            raise errors.FailedPrecondition(
+                "native=True, but tessera._native is not built here (the package's CMake "
+                "build makes it beside the stubs; docs/python.md)")
+        if native is None:
+            native = _native is not None and os.environ.get(ENV_NATIVE, "1") != "0"
+        self._native_wanted = native
+        self._native_args = (tls, root_certificates, private_key, certificate_chain)
+        self._native_lock = threading.Lock()
         # The address given (the seed, asked where the tenant lives) and where calls go now.
         self._seed = self._conn = _Connection(self.addr, self._channel)
-        self._retired: List[grpc.Channel] = []  # channels left by a switch, closed by close()
+        self._retired: List[_Connection] = []  # connections left by a switch, closed by close()
         self._switch_lock = threading.Lock()
         self._regions: Optional[_regions.Regions] = None
         self._follows = follow_home and self._token.startswith("tsk_")
@@ -716,7 +767,7 @@ class Client(_Base):
                 return self._conn
             self._conn, self.addr, self._channel = new, addr, new.channel
             if used is not self._seed:
-                self._retired.append(used.channel)  # calls in flight on it finish there
+                self._retired.append(used)  # calls in flight on it finish there
             regions, self._regions = self._regions, None
         if regions is not None:
             self._close_regions.detach()
@@ -748,18 +799,63 @@ class Client(_Base):
         regions = self._regions
         return regions is not None and regions.enabled
 
+    @property
+    def uses_native(self) -> bool:
+        """True when bulk transfers over the gRPC streams go through the C++ client library
+        (tessera._native; those without a ``progress`` callback)."""
+        return self._native_wanted
+
+    def _native_of(self, conn: _Connection) -> Any:
+        """``conn``'s tessera._native.Channel for the client's current ``timeout`` (a channel's
+        deadline is fixed: a new one replaces it when ``timeout`` changed), made on first use."""
+        timeout = -1.0 if self.timeout is None else float(self.timeout)
+        with self._native_lock:
+            if conn.native is None or conn.native_timeout != timeout:
+                tls, root, key, chain = self._native_args
+                try:
+                    channel = _native.Channel(conn.addr, self._token, bool(tls), root, key,
+                                              chain, timeout, self._follows)
+                except _native.Error as e:
+                    raise _NativeRpcError(*e.args) from None
+                old, conn.native, conn.native_timeout = conn.native, channel, timeout
+                if old is not None:
+                    old.close()  # transfers in flight on it finish first
+            return conn.native
+
+    def _native_call(self, conn: _Connection, call: Callable[[Any], T]) -> T:
+        """``call(channel)`` on ``conn``'s native channel, its failures as grpc.RpcError (so
+        that ``_run`` follows the tenant as it does for grpcio's)."""
+        channel = self._native_of(conn)
+        try:
+            return call(channel)
+        except _native.Error as e:
+            raise _NativeRpcError(*e.args) from None
+        finally:
+            # The library follows the tenant's home by itself (a redirect, or Locate after
+            # UNAVAILABLE): where it went, the client's other calls go too.
+            try:
+                home = channel.address()
+            except ValueError:  # closed meanwhile
+                home = conn.addr
+            if home != conn.addr:
+                self._switch(conn, home)
+
     def close(self) -> None:
         """Unregisters the client's region (if any), then closes the channels."""
         if self._regions is not None:
             self._close_regions()
         with self._switch_lock:
-            channels = [self._conn.channel, self._seed.channel] + self._retired
+            conns = [self._conn, self._seed] + self._retired
             self._retired = []
         closed: List[int] = []
-        for channel in channels:
-            if id(channel) not in closed:
-                closed.append(id(channel))
-                channel.close()
+        for conn in conns:
+            if id(conn) not in closed:
+                closed.append(id(conn))
+                conn.channel.close()
+                with self._native_lock:
+                    native, conn.native = conn.native, None
+                if native is not None:
+                    native.close()
 
     # ---- tensors ----------------------------------------------------------------------
     def put(self, array: Any, dtype: Optional[str] = None,
@@ -807,6 +903,11 @@ class Client(_Base):
                 progress(total, total)
             return Tensor(self, info)
 
+        if self._native_wanted and progress is None:
+            # The C++ client library sends each chunk from the array where it lies.
+            spec_raw = spec.SerializeToString()
+            return Tensor(self, self._run(lambda conn: pb.TensorInfo.FromString(
+                self._native_call(conn, lambda ch: ch.upload(spec_raw, data, chunk_bytes)))))
         header = pb.WriteTensorRequest(header=pb.WriteHeader(create=spec)).SerializeToString()
         # Sent again, whole, after the redirect (the data is still there).
         return Tensor(self, self._run(lambda conn: conn.write_raw(
@@ -885,9 +986,20 @@ class Client(_Base):
 
     def _read_stream(self, handle: str, progress: Optional[Progress]) -> np.ndarray:
         chunk = max(4096, min(READ_CHUNK_BYTES, self.max_message_bytes // 2))
+        if self._native_wanted and progress is None:
+            return self._run(lambda conn: self._read_native(conn, handle, chunk))
         request = pb.ReadTensorRequest(handle=handle, chunk_bytes=chunk)
         # Read again from the start after the redirect (which comes before any message).
         return self._run(lambda conn: self._read_stream_from(conn, request, progress))
+
+    def _read_native(self, conn: _Connection, handle: str, chunk: int) -> np.ndarray:
+        """ReadTensor through the C++ client library, into an array of this package's
+        (_buffers) that the library asks for once the server has said the size."""
+        raw, buf = self._native_call(conn, lambda ch: ch.download(handle, chunk, _buffers.empty))
+        info = pb.TensorInfo.FromString(raw)
+        if buf is None or len(buf) != info.size_bytes:
+            raise errors.DataLoss("ReadTensor's bytes do not match its TensorInfo")
+        return buf.view(_BY_ENUM[info.dtype][1]).reshape(tuple(info.shape))
 
     def _read_stream_from(self, conn: _Connection, request: pb.ReadTensorRequest,
                           progress: Optional[Progress]) -> np.ndarray:

@@ -171,8 +171,9 @@ def tenant(admin: tessera.Admin) -> Iterator[Tuple[str, str]]:
     admin.deregister(tenant_id)
 
 
-#: The ways a Client moves tensors: TCP, and the Unix socket with and without a region.
-TRANSPORTS = ["tcp", "unix-region", "unix-stream"]
+#: The ways a Client moves tensors: TCP (through tessera._native, and through grpcio), and the
+#: Unix socket with and without a region.
+TRANSPORTS = ["tcp", "tcp-grpcio", "unix-region", "unix-stream"]
 
 
 def run_in_threads(work: Callable[[int], None], count: int, timeout: float = 120) -> None:
@@ -195,8 +196,8 @@ def run_in_threads(work: Callable[[int], None], count: int, timeout: float = 120
 
 
 def connect(server: Server, key: str, transport: str = "tcp") -> tessera.Client:
-    if transport == "tcp":
-        return tessera.Client(server.addr, token=key)
+    if transport in ("tcp", "tcp-grpcio"):
+        return tessera.Client(server.addr, token=key, native=None if transport == "tcp" else False)
     return tessera.Client(server.unix_addr, token=key, regions=transport == "unix-region")
 
 
