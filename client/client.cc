@@ -288,6 +288,7 @@ grpc::Status StreamRead(const std::shared_ptr<grpc::Channel>& channel, grpc::Cli
 class StringSink : public client_internal::ReadSink {
  public:
   absl::Status Start(const v1::TensorInfo&, uint64_t bytes) override {
+    bytes_.clear();  // (a second attempt starts over)
     client_internal::ReserveForFill(&bytes_, bytes);
     return absl::OkStatus();
   }
@@ -310,9 +311,11 @@ class DestinationSink : public client_internal::ReadSink {
       return absl::InvalidArgumentError("DownloadTo's destination returned no memory");
     }
     out_ = *out;
+    written_ = 0;  // (a second attempt starts over)
     return absl::OkStatus();
   }
   void Append(absl::string_view piece) override {
+    if (piece.empty()) return;
     std::memcpy(out_ + written_, piece.data(), piece.size());
     written_ += piece.size();
   }
@@ -468,11 +471,38 @@ std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
 
 // ---- Following the tenant's home (docs/api.md, "After a move") --------------------------------
 
-absl::Status Client::Run(Attempt attempt) {
+void Canceller::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* context : contexts_) context->TryCancel();
+}
+
+bool Canceller::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+bool Canceller::Attach(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return false;
+  contexts_.push_back(context);
+  return true;
+}
+
+void Canceller::Detach(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  contexts_.erase(std::find(contexts_.begin(), contexts_.end(), context));
+}
+
+absl::Status Client::Run(Attempt attempt, Canceller* cancel) {
   std::shared_ptr<const Connection> connection = Current();
   for (int tries = 0;; ++tries) {
     std::unique_ptr<grpc::ClientContext> context = NewContext();
+    if (cancel != nullptr && !cancel->Attach(context.get())) {
+      return absl::CancelledError("cancelled before it started");
+    }
     const grpc::Status status = attempt(*connection, context.get());
+    if (cancel != nullptr) cancel->Detach(context.get());
     if (status.ok()) return absl::OkStatus();
     // One switch per call at most: a second answer is the caller's.
     std::shared_ptr<const Connection> again =
@@ -664,7 +694,8 @@ absl::StatusOr<v1::TensorInfo> Client::CreateTensor(const v1::TensorSpec& spec,
 }
 
 absl::StatusOr<v1::TensorInfo> Client::Write(const v1::WriteHeader& header, absl::string_view data,
-                                             size_t chunk_bytes, const Progress& progress) {
+                                             size_t chunk_bytes, const Progress& progress,
+                                             Canceller* cancel) {
   if (chunk_bytes == 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
   if (std::optional<absl::StatusOr<v1::TensorInfo>> written = WriteThroughRegion(header, data)) {
     if (written->ok() && progress) progress(data.size(), data.size());
@@ -675,30 +706,34 @@ absl::StatusOr<v1::TensorInfo> Client::Write(const v1::WriteHeader& header, absl
   // the stream is sent again, whole, to the tenant's home.
   LentBytes lent;
   v1::TensorInfo response;
-  absl::Status status = Run([&](const Connection& connection, grpc::ClientContext* context) {
-    return StreamWrite(connection.channel, context, header, data, chunk_bytes, progress, &lent,
-                       &response);
-  });
+  absl::Status status = Run(
+      [&](const Connection& connection, grpc::ClientContext* context) {
+        return StreamWrite(connection.channel, context, header, data, chunk_bytes, progress, &lent,
+                           &response);
+      },
+      cancel);
   if (!status.ok()) return status;
   return response;
 }
 
 absl::StatusOr<v1::TensorInfo> Client::Upload(const v1::TensorSpec& spec, absl::string_view data,
-                                              size_t chunk_bytes, const Progress& progress) {
+                                              size_t chunk_bytes, const Progress& progress,
+                                              Canceller* cancel) {
   v1::WriteHeader header;
   *header.mutable_create() = spec;
-  return Write(header, data, chunk_bytes, progress);
+  return Write(header, data, chunk_bytes, progress, cancel);
 }
 
 absl::StatusOr<v1::TensorInfo> Client::Overwrite(absl::string_view handle, absl::string_view data,
-                                                 size_t chunk_bytes, const Progress& progress) {
+                                                 size_t chunk_bytes, const Progress& progress,
+                                                 Canceller* cancel) {
   v1::WriteHeader header;
   header.set_handle(std::string(handle));
-  return Write(header, data, chunk_bytes, progress);
+  return Write(header, data, chunk_bytes, progress, cancel);
 }
 
 absl::Status Client::Read(absl::string_view handle, uint64_t offset, uint64_t length,
-                          uint32_t chunk_bytes, const Progress& progress,
+                          uint32_t chunk_bytes, const Progress& progress, Canceller* cancel,
                           client_internal::ReadSink* sink) {
   // Through a region: `sink` filled at once, progress called once.
   if (std::optional<absl::StatusOr<uint64_t>> read =
@@ -711,25 +746,28 @@ absl::Status Client::Read(absl::string_view handle, uint64_t offset, uint64_t le
   request.set_offset(offset);
   request.set_length(length);
   request.set_chunk_bytes(chunk_bytes);
-  return Run([&](const Connection& connection, grpc::ClientContext* context) {
-    return StreamRead(connection.channel, context, request, progress, sink);
-  });
+  return Run(
+      [&](const Connection& connection, grpc::ClientContext* context) {
+        return StreamRead(connection.channel, context, request, progress, sink);
+      },
+      cancel);
 }
 
 absl::StatusOr<std::string> Client::Download(absl::string_view handle, uint64_t offset,
                                              uint64_t length, uint32_t chunk_bytes,
-                                             const Progress& progress) {
+                                             const Progress& progress, Canceller* cancel) {
   StringSink sink;
-  absl::Status status = Read(handle, offset, length, chunk_bytes, progress, &sink);
+  absl::Status status = Read(handle, offset, length, chunk_bytes, progress, cancel, &sink);
   if (!status.ok()) return status;
   return sink.Take();
 }
 
 absl::StatusOr<v1::TensorInfo> Client::DownloadTo(absl::string_view handle, Destination destination,
                                                   uint64_t offset, uint64_t length,
-                                                  uint32_t chunk_bytes, const Progress& progress) {
+                                                  uint32_t chunk_bytes, const Progress& progress,
+                                                  Canceller* cancel) {
   DestinationSink sink(destination);
-  absl::Status status = Read(handle, offset, length, chunk_bytes, progress, &sink);
+  absl::Status status = Read(handle, offset, length, chunk_bytes, progress, cancel, &sink);
   if (!status.ok()) return status;
   return std::move(sink.info());
 }

@@ -14,13 +14,17 @@
 // clang-format on
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
 #include "tessera/client.h"
@@ -34,13 +38,48 @@ PyObject* g_error = nullptr;
 PyObject* RaiseStatus(const absl::Status& status) {
   const std::optional<absl::Duration> retry = tessera::RetryAfter(status);
   const long long retry_ms = retry.has_value() ? absl::ToInt64Milliseconds(*retry) : -1;
-  PyObject* args = Py_BuildValue("(is#L)", static_cast<int>(status.code()), status.message().data(),
-                                 static_cast<Py_ssize_t>(status.message().size()), retry_ms);
+  // The server cuts long messages at a byte count, which may split a character.
+  PyObject* message = PyUnicode_DecodeUTF8(
+      status.message().data(), static_cast<Py_ssize_t>(status.message().size()), "replace");
+  if (message == nullptr) return nullptr;
+  PyObject* args = Py_BuildValue("(iNL)", static_cast<int>(status.code()), message, retry_ms);
   if (args != nullptr) {
     PyErr_SetObject(g_error, args);
     Py_DECREF(args);
   }
   return nullptr;
+}
+
+// Runs `work`, a transfer that `cancel` can end, with the GIL released. `interruptible` (the
+// caller is Python's main thread, the one that handles signals): on a thread of its own, while
+// this one checks for signals every 50 ms, as grpcio's calls do; a signal handler's exception
+// (KeyboardInterrupt) cancels the transfer and is left raised: then false, once `work` ended.
+bool RunReleased(bool interruptible, tessera::Canceller* cancel, absl::FunctionRef<void()> work) {
+  if (!interruptible) {
+    PyThreadState* state = PyEval_SaveThread();
+    work();
+    PyEval_RestoreThread(state);
+    return true;
+  }
+  absl::Notification done;
+  std::thread worker([&] {
+    work();
+    done.Notify();
+  });
+  bool interrupted = false;
+  for (bool finished = false; !finished;) {
+    PyThreadState* state = PyEval_SaveThread();
+    finished = done.WaitForNotificationWithTimeout(absl::Milliseconds(50));
+    PyEval_RestoreThread(state);
+    if (!finished && !interrupted && PyErr_CheckSignals() != 0) {
+      interrupted = true;
+      cancel->Cancel();
+    }
+  }
+  PyThreadState* state = PyEval_SaveThread();
+  worker.join();
+  PyEval_RestoreThread(state);
+  return !interrupted;
 }
 
 // PyObject_HEAD is a member declaration with its own semicolon.
@@ -95,14 +134,20 @@ int ChannelInit(PyObject* object, PyObject* args, PyObject* kwargs) {
   options.follow_home = follow_home != 0;
   options.use_regions = false;  // the package keeps its own region (tessera/_regions.py)
   absl::StatusOr<std::unique_ptr<tessera::Client>> client;
-  Py_BEGIN_ALLOW_THREADS client =
-      tessera::Client::Connect(std::move(options));  // with follow_home: one Locate
-  Py_END_ALLOW_THREADS if (!client.ok()) {
+  PyThreadState* state = PyEval_SaveThread();
+  client = tessera::Client::Connect(std::move(options));  // with follow_home: one Locate
+  PyEval_RestoreThread(state);
+  if (!client.ok()) {
     RaiseStatus(client.status());
     return -1;
   }
-  delete self->client;
+  std::shared_ptr<tessera::Client>* old = self->client;
   self->client = new std::shared_ptr<tessera::Client>(*std::move(client));
+  if (old != nullptr) {
+    state = PyEval_SaveThread();
+    delete old;
+    PyEval_RestoreThread(state);
+  }
   return 0;
 }
 
@@ -111,8 +156,9 @@ void ChannelDealloc(PyObject* object) {
   std::shared_ptr<tessera::Client>* client = self->client;
   self->client = nullptr;
   if (client != nullptr) {
-    Py_BEGIN_ALLOW_THREADS delete client;  // shuts the channel down
-    Py_END_ALLOW_THREADS
+    PyThreadState* state = PyEval_SaveThread();
+    delete client;  // shuts the channel down
+    PyEval_RestoreThread(state);
   }
   PyTypeObject* type = Py_TYPE(object);
   type->tp_free(object);
@@ -124,21 +170,25 @@ PyObject* ChannelClose(PyObject* object, PyObject*) {
   auto* self = reinterpret_cast<ChannelObject*>(object);
   if (self->client != nullptr) {
     std::shared_ptr<tessera::Client> client = std::move(*self->client);
-    Py_BEGIN_ALLOW_THREADS client.reset();
-    Py_END_ALLOW_THREADS
+    PyThreadState* state = PyEval_SaveThread();
+    client.reset();
+    PyEval_RestoreThread(state);
   }
   Py_RETURN_NONE;
 }
 
-// upload(spec, data, chunk_bytes) -> bytes: a new tensor of TensorSpec `spec` (serialized)
-// from `data` (any C-contiguous buffer), streamed in `chunk_bytes` chunks sent from the
-// buffer where it lies; returns the TensorInfo, serialized.
+// upload(spec, data, chunk_bytes, interruptible) -> bytes: a new tensor of TensorSpec `spec`
+// (serialized) from `data` (any C-contiguous buffer), streamed in `chunk_bytes` chunks sent
+// from the buffer where it lies; returns the TensorInfo, serialized. `interruptible`: see
+// RunReleased (the package passes True on the main thread).
 PyObject* ChannelUpload(PyObject* object, PyObject* args) {
   const char* spec_bytes = nullptr;
   Py_ssize_t spec_size = 0;
   Py_buffer data;
   Py_ssize_t chunk_bytes = 0;
-  if (!PyArg_ParseTuple(args, "y#y*n", &spec_bytes, &spec_size, &data, &chunk_bytes)) {
+  int interruptible = 0;
+  if (!PyArg_ParseTuple(args, "y#y*n|p", &spec_bytes, &spec_size, &data, &chunk_bytes,
+                        &interruptible)) {
     return nullptr;
   }
   std::shared_ptr<tessera::Client> client = ClientOf(reinterpret_cast<ChannelObject*>(object));
@@ -152,24 +202,30 @@ PyObject* ChannelUpload(PyObject* object, PyObject* args) {
   }
   absl::StatusOr<tessera::v1::TensorInfo> info;
   const absl::string_view bytes(static_cast<const char*>(data.buf), static_cast<size_t>(data.len));
-  Py_BEGIN_ALLOW_THREADS info = client->Upload(spec, bytes, static_cast<size_t>(chunk_bytes));
-  Py_END_ALLOW_THREADS PyBuffer_Release(&data);
+  tessera::Canceller cancel;
+  const bool ran = RunReleased(interruptible != 0, &cancel, [&] {
+    info = client->Upload(spec, bytes, static_cast<size_t>(chunk_bytes), nullptr, &cancel);
+  });
+  PyBuffer_Release(&data);
+  if (!ran) return nullptr;
   if (!info.ok()) return RaiseStatus(info.status());
   const std::string out = info->SerializeAsString();
   return PyBytes_FromStringAndSize(out.data(), static_cast<Py_ssize_t>(out.size()));
 }
 
-// download(handle, chunk_bytes, allocate) -> (bytes, buffer): the whole tensor, read in
-// `chunk_bytes` chunks into `allocate(n)`, a writable C-contiguous buffer of at least n bytes
-// that `allocate` returns once the server has said n (called with the GIL, before any byte
-// is written). Returns the TensorInfo (serialized) and that buffer. An exception of
-// `allocate` cancels the call and is raised.
+// download(handle, chunk_bytes, allocate, interruptible) -> (bytes, buffer): the whole
+// tensor, read in `chunk_bytes` chunks (0: the server's default) into `allocate(n)`, a
+// writable C-contiguous buffer of at least n bytes that `allocate` returns once the server has
+// said n (called with the GIL, before any byte is written). Returns the TensorInfo
+// (serialized) and that buffer. An exception of `allocate` cancels the call and is raised.
 PyObject* ChannelDownload(PyObject* object, PyObject* args) {
   const char* handle = nullptr;
   Py_ssize_t handle_size = 0;
-  unsigned int chunk_bytes = 0;
+  Py_ssize_t chunk_bytes = 0;
   PyObject* allocate = nullptr;
-  if (!PyArg_ParseTuple(args, "s#IO", &handle, &handle_size, &chunk_bytes, &allocate)) {
+  int interruptible = 0;
+  if (!PyArg_ParseTuple(args, "s#nO|p", &handle, &handle_size, &chunk_bytes, &allocate,
+                        &interruptible)) {
     return nullptr;
   }
   std::shared_ptr<tessera::Client> client = ClientOf(reinterpret_cast<ChannelObject*>(object));
@@ -177,6 +233,10 @@ PyObject* ChannelDownload(PyObject* object, PyObject* args) {
   if (!PyCallable_Check(allocate)) {
     PyErr_SetString(PyExc_TypeError, "allocate must be callable");
     return nullptr;
+  }
+  if (chunk_bytes < 0 ||
+      static_cast<uint64_t>(chunk_bytes) > std::numeric_limits<uint32_t>::max()) {
+    return RaiseStatus(absl::InvalidArgumentError("chunk_bytes must be in [0, 2^32)"));
   }
   PyObject* buffer = nullptr;  // what `allocate` returned, with `view` of it held
   Py_buffer view;
@@ -187,35 +247,41 @@ PyObject* ChannelDownload(PyObject* object, PyObject* args) {
     viewing = false;
     Py_CLEAR(buffer);
   };
+  // Called on the thread that runs the transfer, which may not be this one (RunReleased).
+  auto destination = [&](const tessera::v1::TensorInfo&, uint64_t bytes) -> absl::StatusOr<char*> {
+    const PyGILState_STATE gil = PyGILState_Ensure();
+    let_go();  // an earlier attempt's (the call ran again after a redirect)
+    absl::StatusOr<char*> out = absl::CancelledError("allocate raised an exception");
+    buffer = PyObject_CallFunction(allocate, "K", static_cast<unsigned long long>(bytes));
+    if (buffer != nullptr && PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE) == 0) {
+      viewing = true;
+      if (static_cast<uint64_t>(view.len) < bytes) {
+        out = absl::InvalidArgumentError("allocate returned a buffer smaller than asked");
+      } else {
+        out = static_cast<char*>(view.buf);
+      }
+    }
+    if (PyErr_Occurred() != nullptr) {
+      for (PyObject*& part : raised) Py_CLEAR(part);
+      PyErr_Fetch(&raised[0], &raised[1], &raised[2]);
+    }
+    PyGILState_Release(gil);
+    return out;
+  };
   absl::StatusOr<tessera::v1::TensorInfo> info;
-  PyThreadState* thread = PyEval_SaveThread();
-  info = client->DownloadTo(
-      absl::string_view(handle, static_cast<size_t>(handle_size)),
-      [&](const tessera::v1::TensorInfo&, uint64_t bytes) -> absl::StatusOr<char*> {
-        PyEval_RestoreThread(thread);
-        let_go();  // an earlier attempt's (the call ran again after a redirect)
-        absl::StatusOr<char*> out = absl::CancelledError("allocate raised an exception");
-        buffer = PyObject_CallFunction(allocate, "K", static_cast<unsigned long long>(bytes));
-        if (buffer != nullptr && PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE) == 0) {
-          viewing = true;
-          if (static_cast<uint64_t>(view.len) < bytes) {
-            out = absl::InvalidArgumentError("allocate returned a buffer smaller than asked");
-          } else {
-            out = static_cast<char*>(view.buf);
-          }
-        }
-        if (PyErr_Occurred() != nullptr) {
-          for (PyObject*& part : raised) Py_CLEAR(part);
-          PyErr_Fetch(&raised[0], &raised[1], &raised[2]);
-        }
-        thread = PyEval_SaveThread();
-        return out;
-      },
-      0, 0, chunk_bytes);
-  PyEval_RestoreThread(thread);
-  if (raised[0] != nullptr) {
+  tessera::Canceller cancel;
+  const bool ran = RunReleased(interruptible != 0, &cancel, [&] {
+    info =
+        client->DownloadTo(absl::string_view(handle, static_cast<size_t>(handle_size)), destination,
+                           0, 0, static_cast<uint32_t>(chunk_bytes), nullptr, &cancel);
+  });
+  if (!ran || raised[0] != nullptr) {
     let_go();
-    PyErr_Restore(raised[0], raised[1], raised[2]);
+    if (ran) {
+      PyErr_Restore(raised[0], raised[1], raised[2]);
+    } else {
+      for (PyObject*& part : raised) Py_CLEAR(part);  // the signal's exception wins
+    }
     return nullptr;
   }
   if (!info.ok()) {
@@ -240,9 +306,10 @@ PyObject* ChannelAddress(PyObject* object, PyObject*) {
 
 PyMethodDef kChannelMethods[] = {
     {"upload", ChannelUpload, METH_VARARGS,
-     "upload(spec, data, chunk_bytes) -> bytes: WriteTensor from a buffer."},
+     "upload(spec, data, chunk_bytes, interruptible=False) -> bytes: WriteTensor from a buffer."},
     {"download", ChannelDownload, METH_VARARGS,
-     "download(handle, chunk_bytes, allocate) -> (bytes, buffer): ReadTensor into a buffer."},
+     "download(handle, chunk_bytes, allocate, interruptible=False) -> (bytes, buffer): "
+     "ReadTensor into a buffer."},
     {"address", ChannelAddress, METH_NOARGS,
      "address() -> str: where calls go now (the tenant's home, once followed)."},
     {"close", ChannelClose, METH_NOARGS, "close(): lets go of the connection."},
@@ -281,13 +348,19 @@ PyMODINIT_FUNC PyInit__native() {
   if (module == nullptr) return nullptr;
   g_error = PyErr_NewException("tessera._native.Error", nullptr, nullptr);
   PyObject* channel = PyType_FromSpec(&kChannelSpec);
+  // PyModule_AddObject steals a reference when it succeeds (PyModule_AddObjectRef is 3.10+).
+  Py_XINCREF(g_error);
   if (g_error == nullptr || channel == nullptr ||
-      PyModule_AddObjectRef(module, "Error", g_error) < 0 ||
-      PyModule_AddObjectRef(module, "Channel", channel) < 0) {
+      PyModule_AddObject(module, "Error", g_error) < 0) {
+    Py_XDECREF(g_error);
     Py_XDECREF(channel);
     Py_DECREF(module);
     return nullptr;
   }
-  Py_DECREF(channel);
+  if (PyModule_AddObject(module, "Channel", channel) < 0) {
+    Py_DECREF(channel);
+    Py_DECREF(module);
+    return nullptr;
+  }
   return module;
 }

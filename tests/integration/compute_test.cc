@@ -282,6 +282,68 @@ TEST_F(ComputeTest, DownloadToFillsTheCallersMemory) {
   EXPECT_TRUE(std::string(out.begin(), out.end()) == data);
 }
 
+TEST_F(ComputeTest, ACancellerEndsAStreamedTransfer) {
+  // Client::Canceller (what the Python package's Ctrl-C uses): a transfer it cancels ends
+  // CANCELLED, an upload cancelled midway leaves no tensor, and one cancelled before it starts
+  // sends nothing.
+  const size_t size = size_t{8} << 20;
+  auto info =
+      tenant_->Upload(Spec(v1::DTYPE_U8, {static_cast<int64_t>(size)}), std::string(size, 'c'));
+  ASSERT_TRUE(info.ok()) << info.status();
+  {
+    Canceller cancel;
+    int calls = 0;
+    auto read = tenant_->Download(
+        info->handle(), 0, 0, 64 << 10,
+        [&](uint64_t, uint64_t) {
+          if (++calls == 1) std::thread([&cancel] { cancel.Cancel(); }).join();
+        },
+        &cancel);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kCancelled) << read.status();
+    EXPECT_TRUE(cancel.cancelled());
+    EXPECT_LT(calls, static_cast<int>(size / (64 << 10)));
+  }
+  {
+    Canceller cancel;
+    auto written = tenant_->Upload(
+        Spec(v1::DTYPE_U8, {static_cast<int64_t>(size)}), std::string(size, 'd'), 64 << 10,
+        [&](uint64_t done, uint64_t) {
+          if (done == (64 << 10)) cancel.Cancel();
+        },
+        &cancel);
+    EXPECT_EQ(written.status().code(), absl::StatusCode::kCancelled) << written.status();
+  }
+  {
+    Canceller cancel;
+    cancel.Cancel();
+    EXPECT_EQ(
+        tenant_->Upload(Spec(v1::DTYPE_U8, {16}), std::string(16, 'e'), 1 << 20, nullptr, &cancel)
+            .status()
+            .code(),
+        absl::StatusCode::kCancelled);
+    std::vector<char> out(size);
+    auto got = tenant_->DownloadTo(
+        info->handle(),
+        [&](const v1::TensorInfo&, uint64_t) { return absl::StatusOr<char*>(out.data()); }, 0, 0, 0,
+        nullptr, &cancel);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled);
+  }
+  // Only the first tensor is left, once the server has heard of the cancelled upload.
+  absl::StatusOr<std::vector<v1::TensorInfo>> tensors;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  do {
+    tensors = tenant_->ListAllTensors();
+    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    if (tensors->size() == 1) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  } while (absl::Now() < deadline);
+  ASSERT_EQ(tensors->size(), 1u);
+  EXPECT_EQ((*tensors)[0].handle(), info->handle());
+  auto back = tenant_->Download(info->handle());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == std::string(size, 'c'));
+}
+
 TEST_F(ComputeTest, AClientWithoutADeadlineWaits) {
   // ClientOptions::timeout = InfiniteDuration: calls carry no deadline (they used to get one
   // in the past, computed from the largest duration).

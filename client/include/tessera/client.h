@@ -74,6 +74,29 @@ struct ClientOptions {
 
 class Client;
 
+/// Cancels a streamed transfer (Upload, Overwrite, Download, DownloadTo) from another thread:
+/// the call ends CANCELLED soon after Cancel(), or at once when Cancel() came first. Transfers
+/// through a region (one unary call) run to their end. Thread-safe; one Canceller may serve
+/// several calls, and stays cancelled.
+class Canceller {
+ public:
+  Canceller() = default;
+  Canceller(const Canceller&) = delete;
+  Canceller& operator=(const Canceller&) = delete;
+  void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
+  bool cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  friend class Client;
+  // A call's context while it runs; false (not attached) when already cancelled.
+  bool Attach(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(mu_);
+  void Detach(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(mu_);
+
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
+};
+
 /// A shared-memory region registered with the server by this process (docs/api.md,
 /// "Registering a region"): a memfd sealed against shrinking, mapped here and in the server,
 /// through which Client::UploadFromRegion, OverwriteFromRegion and DownloadIntoRegion move a
@@ -159,18 +182,22 @@ class Client {
   /// Streams `data` into a new tensor in chunks of `chunk_bytes` (through a region instead
   /// with ClientOptions::use_regions: one copy into it, no chunks). Streamed, each chunk is
   /// sent from `data` where it lies, never copied; `data` is read until the call returns.
+  /// `cancel` (here and below), when given, ends the call CANCELLED from another thread.
   absl::StatusOr<v1::TensorInfo> Upload(const v1::TensorSpec& spec, absl::string_view data,
                                         size_t chunk_bytes = 1 << 20,
-                                        const Progress& progress = nullptr);
+                                        const Progress& progress = nullptr,
+                                        Canceller* cancel = nullptr);
   /// Streams `data` over an existing tensor (its exact size); through a region as Upload.
   absl::StatusOr<v1::TensorInfo> Overwrite(absl::string_view handle, absl::string_view data,
                                            size_t chunk_bytes = 1 << 20,
-                                           const Progress& progress = nullptr);
+                                           const Progress& progress = nullptr,
+                                           Canceller* cancel = nullptr);
   /// Reads a tensor's bytes (or `length` bytes from `offset`; 0: to the end); through a
   /// region (one copy out of it) with ClientOptions::use_regions.
   absl::StatusOr<std::string> Download(absl::string_view handle, uint64_t offset = 0,
                                        uint64_t length = 0, uint32_t chunk_bytes = 0,
-                                       const Progress& progress = nullptr);
+                                       const Progress& progress = nullptr,
+                                       Canceller* cancel = nullptr);
   /// Where DownloadTo writes: called once, as soon as the server has said how many bytes
   /// come (`info` is the tensor, `bytes` what this read returns), before any is written. It
   /// returns memory for `bytes` bytes that stays valid until DownloadTo returns, or an error,
@@ -184,7 +211,8 @@ class Client {
   absl::StatusOr<v1::TensorInfo> DownloadTo(absl::string_view handle, Destination destination,
                                             uint64_t offset = 0, uint64_t length = 0,
                                             uint32_t chunk_bytes = 0,
-                                            const Progress& progress = nullptr);
+                                            const Progress& progress = nullptr,
+                                            Canceller* cancel = nullptr);
   absl::StatusOr<v1::TensorInfo> GetTensor(absl::string_view handle);
   absl::StatusOr<std::vector<v1::TensorInfo>> ListAllTensors();
   /// Returns the bytes released.
@@ -295,7 +323,8 @@ class Client {
 
   // Runs `attempt` with a fresh context on the current connection; when the answer is the
   // redirect, once more on the tenant's home (FollowAfter). The status keeps the retry hint.
-  absl::Status Run(Attempt attempt) ABSL_LOCKS_EXCLUDED(mu_);
+  // Each context is attached to `cancel` (when given) while its attempt runs.
+  absl::Status Run(Attempt attempt, Canceller* cancel = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   template <typename Response, typename Call>
   absl::StatusOr<Response> Unary(Call call);
   // After a failed call on `used`: the connection to run it on again (the redirect named
@@ -314,7 +343,8 @@ class Client {
                                              const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::StatusOr<v1::TensorInfo> Write(const v1::WriteHeader& header, absl::string_view data,
-                                       size_t chunk_bytes, const Progress& progress);
+                                       size_t chunk_bytes, const Progress& progress,
+                                       Canceller* cancel);
   // The region paths of Write and Download; nullopt when they stream instead.
   std::optional<absl::StatusOr<v1::TensorInfo>> WriteThroughRegion(const v1::WriteHeader& header,
                                                                    absl::string_view data);
@@ -324,7 +354,7 @@ class Client {
                                                             client_internal::ReadSink* sink);
   // Download and DownloadTo: through a region or the stream, into `sink`.
   absl::Status Read(absl::string_view handle, uint64_t offset, uint64_t length,
-                    uint32_t chunk_bytes, const Progress& progress,
+                    uint32_t chunk_bytes, const Progress& progress, Canceller* cancel,
                     client_internal::ReadSink* sink);
   void ReturnRegion(std::unique_ptr<SharedRegion> region);
 

@@ -670,6 +670,7 @@ class Client(_Base):
         self._native_wanted = native
         self._native_args = (tls, root_certificates, private_key, certificate_chain)
         self._native_lock = threading.Lock()
+        self._closed = False  # close() was called: no native channel is made again
         # The address given (the seed, asked where the tenant lives) and where calls go now.
         self._seed = self._conn = _Connection(self.addr, self._channel)
         self._retired: List[_Connection] = []  # connections left by a switch, closed by close()
@@ -806,28 +807,34 @@ class Client(_Base):
         return self._native_wanted
 
     def _native_of(self, conn: _Connection) -> Any:
-        """``conn``'s tessera._native.Channel for the client's current ``timeout`` (a channel's
-        deadline is fixed: a new one replaces it when ``timeout`` changed), made on first use."""
-        timeout = -1.0 if self.timeout is None else float(self.timeout)
+        """``conn``'s tessera._native.Channel, made on first use. A channel's deadline is
+        fixed and it follows the tenant's home by itself, so a new one replaces it when
+        ``timeout`` changed or it went elsewhere than ``conn`` (the tenant moved on)."""
+        timeout = -1.0 if self.timeout is None else max(0.0, float(self.timeout))
         with self._native_lock:
-            if conn.native is None or conn.native_timeout != timeout:
+            if self._closed:
+                raise ValueError("the client is closed")
+            old = conn.native
+            if old is None or conn.native_timeout != timeout or old.address() != conn.addr:
                 tls, root, key, chain = self._native_args
                 try:
                     channel = _native.Channel(conn.addr, self._token, bool(tls), root, key,
                                               chain, timeout, self._follows)
                 except _native.Error as e:
                     raise _NativeRpcError(*e.args) from None
-                old, conn.native, conn.native_timeout = conn.native, channel, timeout
+                conn.native, conn.native_timeout = channel, timeout
                 if old is not None:
                     old.close()  # transfers in flight on it finish first
             return conn.native
 
-    def _native_call(self, conn: _Connection, call: Callable[[Any], T]) -> T:
-        """``call(channel)`` on ``conn``'s native channel, its failures as grpc.RpcError (so
+    def _native_call(self, conn: _Connection, call: Callable[[Any, bool], T]) -> T:
+        """``call(channel, interruptible)`` on ``conn``'s native channel, its failures as grpc.RpcError (so
         that ``_run`` follows the tenant as it does for grpcio's)."""
         channel = self._native_of(conn)
         try:
-            return call(channel)
+            # On the main thread, the library's transfer runs on a thread of its own while
+            # this one takes signals: Ctrl-C cancels it (KeyboardInterrupt), as with grpcio.
+            return call(channel, threading.current_thread() is threading.main_thread())
         except _native.Error as e:
             raise _NativeRpcError(*e.args) from None
         finally:
@@ -844,6 +851,8 @@ class Client(_Base):
         """Unregisters the client's region (if any), then closes the channels."""
         if self._regions is not None:
             self._close_regions()
+        with self._native_lock:
+            self._closed = True
         with self._switch_lock:
             conns = [self._conn, self._seed] + self._retired
             self._retired = []
@@ -868,7 +877,9 @@ class Client(_Base):
         not little-endian, and the server copies it from there (WriteTensorFromRegion);
         ``progress(total, total)`` is called once. Otherwise arrays up to ``chunk_bytes`` (at
         most 16 MiB) go in one CreateTensor, and larger ones stream through WriteTensor in
-        ``chunk_bytes`` chunks, calling ``progress(done, total)`` after each. ``dtype``
+        ``chunk_bytes`` chunks (sent from the array by the C++ client library where
+        tessera._native is built and no ``progress`` is given), calling
+        ``progress(done, total)`` after each. ``dtype``
         overrides the dtype inferred from the array: ``"bf16"`` takes a uint16 (or ml_dtypes
         bfloat16) array holding the bf16 bit patterns.
 
@@ -906,8 +917,12 @@ class Client(_Base):
         if self._native_wanted and progress is None:
             # The C++ client library sends each chunk from the array where it lies.
             spec_raw = spec.SerializeToString()
+
+            def upload(channel: Any, interruptible: bool) -> bytes:
+                return channel.upload(spec_raw, data, chunk_bytes, interruptible)
+
             return Tensor(self, self._run(lambda conn: pb.TensorInfo.FromString(
-                self._native_call(conn, lambda ch: ch.upload(spec_raw, data, chunk_bytes)))))
+                self._native_call(conn, upload))))
         header = pb.WriteTensorRequest(header=pb.WriteHeader(create=spec)).SerializeToString()
         # Sent again, whole, after the redirect (the data is still there).
         return Tensor(self, self._run(lambda conn: conn.write_raw(
@@ -995,7 +1010,8 @@ class Client(_Base):
     def _read_native(self, conn: _Connection, handle: str, chunk: int) -> np.ndarray:
         """ReadTensor through the C++ client library, into an array of this package's
         (_buffers) that the library asks for once the server has said the size."""
-        raw, buf = self._native_call(conn, lambda ch: ch.download(handle, chunk, _buffers.empty))
+        raw, buf = self._native_call(
+            conn, lambda ch, i: ch.download(handle, chunk, _buffers.empty, i))
         info = pb.TensorInfo.FromString(raw)
         if buf is None or len(buf) != info.size_bytes:
             raise errors.DataLoss("ReadTensor's bytes do not match its TensorInfo")

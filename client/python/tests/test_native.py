@@ -4,6 +4,8 @@ test_client.py run both paths too ("tcp" and "tcp-grpcio")."""
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 
 import tessera
 from tessera import client as client_module
-from conftest import run_in_threads
+from conftest import Server, run_in_threads
 
 native = client_module._native
 
@@ -143,3 +145,53 @@ def test_downloads_on_several_threads_and_close(server, tenant) -> None:
     assert conn.native is not None
     c.close()
     assert conn.native is None
+
+
+def test_closed_clients_and_odd_arguments(server, tenant) -> None:
+    c = tessera.Client(server.addr, token=tenant[1])
+    t = c.put(np.ones(3 << 20, np.float32))
+    c.close()
+    with pytest.raises(ValueError):
+        c.get(t.handle)
+    with pytest.raises(ValueError):
+        c.put(np.ones(3 << 20, np.float32))
+    channel = native.Channel(server.addr, tenant[1], False, None, None, None, 30.0, True)
+    for chunk in (-1, 1 << 32):
+        with pytest.raises(native.Error) as e:
+            channel.download("t_x", chunk, bytearray)
+        assert e.value.args[0] == 3 and "chunk_bytes" in e.value.args[1]
+    channel.close()
+    # A message the server cut inside a character is still the server's error.
+    with tessera.Client(server.addr, token=tenant[1]) as c:
+        with pytest.raises(tessera.NotFound):
+            c.get("x" + "\u00e9" * 100)
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                    reason="signals reach the main thread only")
+def test_ctrl_c_interrupts_a_stalled_transfer(admin) -> None:
+    # A server that stops answering (SIGSTOP) under a download with no deadline: Ctrl-C
+    # (SIGINT) still ends it with KeyboardInterrupt, as through grpcio, and the client goes
+    # on once the server does.
+    own = Server()
+    try:
+        with tessera.Admin(own.addr, token=own.admin_token) as own_admin:
+            _, key = own_admin.register("stalled", memory_bytes=64 << 20)
+        with tessera.Client(own.addr, token=key) as c:
+            t = c.put(np.arange(1 << 20, dtype=np.int32))
+            np.testing.assert_array_equal(t.numpy(), np.arange(1 << 20, dtype=np.int32))
+            os.kill(own.proc.pid, signal.SIGSTOP)
+            timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+            started = time.monotonic()
+            try:
+                timer.start()
+                with pytest.raises(KeyboardInterrupt):
+                    t.numpy()
+                assert time.monotonic() - started < 10
+            finally:
+                timer.cancel()
+                os.kill(own.proc.pid, signal.SIGCONT)
+            np.testing.assert_array_equal(t.numpy(), np.arange(1 << 20, dtype=np.int32))
+    finally:
+        os.kill(own.proc.pid, signal.SIGCONT)
+        own.stop()
