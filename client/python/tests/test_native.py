@@ -13,7 +13,7 @@ import pytest
 
 import tessera
 from tessera import client as client_module
-from conftest import Server, run_in_threads
+from conftest import FAKE_CUDA_DIR, Server, run_in_threads
 
 native = client_module._native
 
@@ -194,4 +194,25 @@ def test_ctrl_c_interrupts_a_stalled_transfer(admin) -> None:
             np.testing.assert_array_equal(t.numpy(), np.arange(1 << 20, dtype=np.int32))
     finally:
         os.kill(own.proc.pid, signal.SIGCONT)
+        own.stop()
+
+
+@pytest.mark.skipif(not FAKE_CUDA_DIR, reason="the CUDA module and fake driver are not built "
+                    "(TESSERA_FAKE_CUDA_DIR unset)")
+def test_on_the_cuda_module_over_the_fake_driver() -> None:
+    # The same transfers against a server on the CUDA module (its staging and device copies,
+    # on the fake driver), both paths.
+    own = Server(backend="cuda")
+    try:
+        with tessera.Admin(own.addr, token=own.admin_token) as own_admin:
+            assert own_admin.server_info().backend == "cuda"
+            _, key = own_admin.register("on-cuda", memory_bytes=256 << 20)
+        a = np.random.default_rng(3).standard_normal((1536, 1025)).astype(np.float32)
+        with tessera.Client(own.addr, token=key) as fast, \
+                tessera.Client(own.addr, token=key, native=False) as slow:
+            t = fast.put(a, chunk_bytes=1 << 20)
+            np.testing.assert_array_equal(slow.get(t.handle), a)
+            np.testing.assert_array_equal(fast.get(slow.put(a).handle), a)
+            np.testing.assert_array_equal(fast.run("add", t, t).numpy(), a + a)
+    finally:
         own.stop()
