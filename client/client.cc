@@ -38,7 +38,9 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
 // operation with a null tag, then Wait for it. Shut down and drained when it goes.
 class CallQueue {
  public:
-  CallQueue() = default;
+  /// `cancel`, when it has a watch, is called on every period spent waiting.
+  explicit CallQueue(const Canceller* cancel = nullptr)
+      : watch_(cancel != nullptr && cancel->watch() ? cancel : nullptr) {}
   CallQueue(const CallQueue&) = delete;
   CallQueue& operator=(const CallQueue&) = delete;
   ~CallQueue() {
@@ -52,10 +54,24 @@ class CallQueue {
   bool Wait() {
     void* tag = nullptr;
     bool ok = false;
-    return queue_.Next(&tag, &ok) && ok;
+    if (watch_ == nullptr) return queue_.Next(&tag, &ok) && ok;
+    for (;;) {
+      const auto deadline =
+          std::chrono::system_clock::now() + absl::ToChronoMilliseconds(watch_->period());
+      switch (queue_.AsyncNext(&tag, &ok, deadline)) {
+        case grpc::CompletionQueue::GOT_EVENT:
+          return ok;
+        case grpc::CompletionQueue::SHUTDOWN:
+          return false;
+        case grpc::CompletionQueue::TIMEOUT:
+          watch_->watch()();
+          break;
+      }
+    }
   }
 
  private:
+  const Canceller* const watch_;
   grpc::CompletionQueue queue_;
 };
 
@@ -175,10 +191,10 @@ bool ReadReplyFrom(const grpc::ByteBuffer& message, ReadReply* reply) {
 grpc::Status StreamWrite(const std::shared_ptr<grpc::Channel>& channel,
                          grpc::ClientContext* context, const v1::WriteHeader& header,
                          absl::string_view data, size_t chunk_bytes,
-                         const Client::Progress& progress, LentBytes* lent,
+                         const Client::Progress& progress, const Canceller* cancel, LentBytes* lent,
                          v1::TensorInfo* response) {
   grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer> stub(channel);
-  CallQueue queue;
+  CallQueue queue(cancel);
   auto call = stub.PrepareCall(context, "/tessera.v1.Compute/WriteTensor", queue.get());
   call->StartCall(nullptr);
   bool ok = queue.Wait();
@@ -224,9 +240,9 @@ grpc::Status StreamWrite(const std::shared_ptr<grpc::Channel>& channel,
 // One operation at a time on a queue of the call's own, each waited for.
 grpc::Status StreamRead(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* context,
                         const v1::ReadTensorRequest& request, const Client::Progress& progress,
-                        client_internal::ReadSink* sink) {
+                        const Canceller* cancel, client_internal::ReadSink* sink) {
   grpc::TemplatedGenericStub<v1::ReadTensorRequest, grpc::ByteBuffer> stub(channel);
-  CallQueue queue;
+  CallQueue queue(cancel);
   auto done = [&queue] { return queue.Wait(); };
   auto call = stub.PrepareCall(context, "/tessera.v1.Compute/ReadTensor", queue.get());
   call->StartCall(nullptr);
@@ -708,8 +724,8 @@ absl::StatusOr<v1::TensorInfo> Client::Write(const v1::WriteHeader& header, absl
   v1::TensorInfo response;
   absl::Status status = Run(
       [&](const Connection& connection, grpc::ClientContext* context) {
-        return StreamWrite(connection.channel, context, header, data, chunk_bytes, progress, &lent,
-                           &response);
+        return StreamWrite(connection.channel, context, header, data, chunk_bytes, progress, cancel,
+                           &lent, &response);
       },
       cancel);
   if (!status.ok()) return status;
@@ -748,7 +764,7 @@ absl::Status Client::Read(absl::string_view handle, uint64_t offset, uint64_t le
   request.set_chunk_bytes(chunk_bytes);
   return Run(
       [&](const Connection& connection, grpc::ClientContext* context) {
-        return StreamRead(connection.channel, context, request, progress, sink);
+        return StreamRead(connection.channel, context, request, progress, cancel, sink);
       },
       cancel);
 }

@@ -14,17 +14,16 @@
 // clang-format on
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
 #include "tessera/client.h"
@@ -50,34 +49,28 @@ PyObject* RaiseStatus(const absl::Status& status) {
   return nullptr;
 }
 
-// Runs `work`, a transfer that `cancel` can end, with the GIL released. `interruptible` (the
-// caller is Python's main thread, the one that handles signals): on a thread of its own, while
-// this one checks for signals every 50 ms, as grpcio's calls do; a signal handler's exception
-// (KeyboardInterrupt) cancels the transfer and is left raised: then false, once `work` ended.
-bool RunReleased(bool interruptible, tessera::Canceller* cancel, absl::FunctionRef<void()> work) {
-  if (!interruptible) {
-    PyThreadState* state = PyEval_SaveThread();
-    work();
-    PyEval_RestoreThread(state);
-    return true;
-  }
-  absl::Notification done;
-  std::thread worker([&] {
-    work();
-    done.Notify();
-  });
+// Runs `work` (a transfer, given its Canceller) with the GIL released. `interruptible` (the
+// caller is Python's main thread, where signal handlers run): while the transfer waits for the
+// server it takes the GIL back every 50 ms to run them, as grpcio's calls do; a handler's
+// exception (KeyboardInterrupt) cancels the transfer and is left raised: then false.
+bool RunReleased(bool interruptible, absl::FunctionRef<void(tessera::Canceller*)> work) {
+  PyThreadState* state = nullptr;
   bool interrupted = false;
-  for (bool finished = false; !finished;) {
-    PyThreadState* state = PyEval_SaveThread();
-    finished = done.WaitForNotificationWithTimeout(absl::Milliseconds(50));
-    PyEval_RestoreThread(state);
-    if (!finished && !interrupted && PyErr_CheckSignals() != 0) {
-      interrupted = true;
-      cancel->Cancel();
-    }
+  std::function<void()> watch;
+  tessera::Canceller* canceller = nullptr;
+  if (interruptible) {
+    watch = [&] {
+      if (interrupted) return;
+      PyEval_RestoreThread(state);
+      interrupted = PyErr_CheckSignals() != 0;
+      state = PyEval_SaveThread();
+      if (interrupted) canceller->Cancel();
+    };
   }
-  PyThreadState* state = PyEval_SaveThread();
-  worker.join();
+  tessera::Canceller cancel(std::move(watch), absl::Milliseconds(50));
+  canceller = &cancel;
+  state = PyEval_SaveThread();
+  work(&cancel);
   PyEval_RestoreThread(state);
   return !interrupted;
 }
@@ -202,9 +195,8 @@ PyObject* ChannelUpload(PyObject* object, PyObject* args) {
   }
   absl::StatusOr<tessera::v1::TensorInfo> info;
   const absl::string_view bytes(static_cast<const char*>(data.buf), static_cast<size_t>(data.len));
-  tessera::Canceller cancel;
-  const bool ran = RunReleased(interruptible != 0, &cancel, [&] {
-    info = client->Upload(spec, bytes, static_cast<size_t>(chunk_bytes), nullptr, &cancel);
+  const bool ran = RunReleased(interruptible != 0, [&](tessera::Canceller* cancel) {
+    info = client->Upload(spec, bytes, static_cast<size_t>(chunk_bytes), nullptr, cancel);
   });
   PyBuffer_Release(&data);
   if (!ran) return nullptr;
@@ -247,9 +239,13 @@ PyObject* ChannelDownload(PyObject* object, PyObject* args) {
     viewing = false;
     Py_CLEAR(buffer);
   };
-  // Called on the thread that runs the transfer, which may not be this one (RunReleased).
+  // Called on this thread, whose GIL RunReleased let go of.
   auto destination = [&](const tessera::v1::TensorInfo&, uint64_t bytes) -> absl::StatusOr<char*> {
     const PyGILState_STATE gil = PyGILState_Ensure();
+    if (PyErr_Occurred() != nullptr) {  // a signal handler's: the call is being cancelled
+      PyGILState_Release(gil);
+      return absl::CancelledError("interrupted");
+    }
     let_go();  // an earlier attempt's (the call ran again after a redirect)
     absl::StatusOr<char*> out = absl::CancelledError("allocate raised an exception");
     buffer = PyObject_CallFunction(allocate, "K", static_cast<unsigned long long>(bytes));
@@ -269,11 +265,10 @@ PyObject* ChannelDownload(PyObject* object, PyObject* args) {
     return out;
   };
   absl::StatusOr<tessera::v1::TensorInfo> info;
-  tessera::Canceller cancel;
-  const bool ran = RunReleased(interruptible != 0, &cancel, [&] {
+  const bool ran = RunReleased(interruptible != 0, [&](tessera::Canceller* cancel) {
     info =
         client->DownloadTo(absl::string_view(handle, static_cast<size_t>(handle_size)), destination,
-                           0, 0, static_cast<uint32_t>(chunk_bytes), nullptr, &cancel);
+                           0, 0, static_cast<uint32_t>(chunk_bytes), nullptr, cancel);
   });
   if (!ran || raised[0] != nullptr) {
     let_go();

@@ -1,6 +1,7 @@
 // The data plane through a real server process: tensors, transfers, jobs, programs, quotas,
 // queue bounds, cancellation, deadlines and tenant isolation.
 #include <atomic>
+#include <csignal>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -327,6 +328,26 @@ TEST_F(ComputeTest, ACancellerEndsAStreamedTransfer) {
         [&](const v1::TensorInfo&, uint64_t) { return absl::StatusOr<char*>(out.data()); }, 0, 0, 0,
         nullptr, &cancel);
     EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled);
+  }
+  {
+    // A watch, called while the call waits, may cancel it: a server that stopped answering
+    // (SIGSTOP) does not hold the caller past its watch (the Python package's Ctrl-C).
+    int watched = 0;
+    Canceller* self = nullptr;
+    Canceller cancel(
+        [&] {
+          if (++watched == 3) self->Cancel();
+        },
+        absl::Milliseconds(20));
+    self = &cancel;
+    ASSERT_EQ(kill(server_->pid(), SIGSTOP), 0);
+    const absl::Time started = absl::Now();
+    auto read = tenant_->Download(info->handle(), 0, 0, 0, nullptr, &cancel);
+    const absl::Duration took = absl::Now() - started;
+    ASSERT_EQ(kill(server_->pid(), SIGCONT), 0);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kCancelled) << read.status();
+    EXPECT_GE(watched, 3);
+    EXPECT_LT(took, absl::Seconds(10));
   }
   // Only the first tensor is left, once the server has heard of the cancelled upload.
   absl::StatusOr<std::vector<v1::TensorInfo>> tensors;

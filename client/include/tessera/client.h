@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -81,10 +82,18 @@ class Client;
 class Canceller {
  public:
   Canceller() = default;
+  /// With a `watch`: a streamed call given this Canceller calls it on the calling thread about
+  /// every `period` while it waits for the server, and `watch` may Cancel(). (The Python
+  /// package checks for Ctrl-C in it, on the thread that runs the transfer.)
+  Canceller(std::function<void()> watch, absl::Duration period)
+      : watch_(std::move(watch)), period_(period) {}
   Canceller(const Canceller&) = delete;
   Canceller& operator=(const Canceller&) = delete;
   void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
   bool cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// The watch (empty: none) and its period, which the library's waits call.
+  const std::function<void()>& watch() const { return watch_; }
+  absl::Duration period() const { return period_; }
 
  private:
   friend class Client;
@@ -92,6 +101,8 @@ class Canceller {
   bool Attach(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(mu_);
   void Detach(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(mu_);
 
+  const std::function<void()> watch_;
+  const absl::Duration period_ = absl::InfiniteDuration();
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);

@@ -832,8 +832,8 @@ class Client(_Base):
         that ``_run`` follows the tenant as it does for grpcio's)."""
         channel = self._native_of(conn)
         try:
-            # On the main thread, the library's transfer runs on a thread of its own while
-            # this one takes signals: Ctrl-C cancels it (KeyboardInterrupt), as with grpcio.
+            # On the main thread the library's transfer runs Python's signal handlers every
+            # 50 ms while it waits: Ctrl-C cancels it (KeyboardInterrupt), as with grpcio.
             return call(channel, threading.current_thread() is threading.main_thread())
         except _native.Error as e:
             raise _NativeRpcError(*e.args) from None
