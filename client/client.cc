@@ -38,9 +38,16 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
 // operation with a null tag, then Wait for it. Shut down and drained when it goes.
 class CallQueue {
  public:
-  /// `cancel`, when it has a watch, is called on every period spent waiting.
+  /// `cancel`, when it has a watch with a finite period, has it called at least every period
+  /// (1 ms at the least) while the call runs: on waits that time out, and after an operation
+  /// that completes once the period has passed, so a call that never stalls is watched too.
   explicit CallQueue(const Canceller* cancel = nullptr)
-      : watch_(cancel != nullptr && cancel->watch() ? cancel : nullptr) {}
+      : watch_(cancel != nullptr && cancel->watch() && cancel->period() != absl::InfiniteDuration()
+                   ? cancel
+                   : nullptr),
+        period_(watch_ == nullptr ? absl::ZeroDuration()
+                                  : std::max(watch_->period(), absl::Milliseconds(1))),
+        next_watch_(absl::Now() + period_) {}
   CallQueue(const CallQueue&) = delete;
   CallQueue& operator=(const CallQueue&) = delete;
   ~CallQueue() {
@@ -56,22 +63,22 @@ class CallQueue {
     bool ok = false;
     if (watch_ == nullptr) return queue_.Next(&tag, &ok) && ok;
     for (;;) {
-      const auto deadline =
-          std::chrono::system_clock::now() + absl::ToChronoMilliseconds(watch_->period());
-      switch (queue_.AsyncNext(&tag, &ok, deadline)) {
-        case grpc::CompletionQueue::GOT_EVENT:
-          return ok;
-        case grpc::CompletionQueue::SHUTDOWN:
-          return false;
-        case grpc::CompletionQueue::TIMEOUT:
-          watch_->watch()();
-          break;
+      const grpc::CompletionQueue::NextStatus status =
+          queue_.AsyncNext(&tag, &ok, absl::ToChronoTime(next_watch_));
+      if (status == grpc::CompletionQueue::SHUTDOWN) return false;
+      const absl::Time now = absl::Now();
+      if (now >= next_watch_) {
+        next_watch_ = now + period_;
+        watch_->watch()();
       }
+      if (status == grpc::CompletionQueue::GOT_EVENT) return ok;
     }
   }
 
  private:
-  const Canceller* const watch_;
+  const Canceller* const watch_;  // null: no watch
+  const absl::Duration period_;
+  absl::Time next_watch_;
   grpc::CompletionQueue queue_;
 };
 

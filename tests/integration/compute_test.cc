@@ -349,6 +349,29 @@ TEST_F(ComputeTest, ACancellerEndsAStreamedTransfer) {
     EXPECT_GE(watched, 3);
     EXPECT_LT(took, absl::Seconds(10));
   }
+  {
+    // The watch also runs while the call never waits long: here each chunk's progress takes
+    // 2 ms and every wait is short, yet the watch comes every 20 ms and cancels.
+    int watched = 0;
+    Canceller* self = nullptr;
+    Canceller cancel(
+        [&] {
+          if (++watched == 3) self->Cancel();
+        },
+        absl::Milliseconds(20));
+    self = &cancel;
+    int chunks = 0;
+    auto read = tenant_->Download(
+        info->handle(), 0, 0, 64 << 10,
+        [&](uint64_t, uint64_t) {
+          ++chunks;
+          absl::SleepFor(absl::Milliseconds(2));
+        },
+        &cancel);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kCancelled) << read.status();
+    EXPECT_GE(watched, 3);
+    EXPECT_LT(chunks, static_cast<int>(size / (64 << 10)));
+  }
   // Only the first tensor is left, once the server has heard of the cancelled upload.
   absl::StatusOr<std::vector<v1::TensorInfo>> tensors;
   const absl::Time deadline = absl::Now() + absl::Seconds(10);

@@ -82,9 +82,10 @@ class Client;
 class Canceller {
  public:
   Canceller() = default;
-  /// With a `watch`: a streamed call given this Canceller calls it on the calling thread about
-  /// every `period` while it waits for the server, and `watch` may Cancel(). (The Python
-  /// package checks for Ctrl-C in it, on the thread that runs the transfer.)
+  /// With a `watch`: a streamed call given this Canceller calls it on the calling thread at
+  /// least every `period` (1 ms at the least; infinite: never) while it runs, whether it waits
+  /// for the server or not, and `watch` may Cancel(). (The Python package runs Python's signal
+  /// handlers in it, so that Ctrl-C ends a transfer.)
   Canceller(std::function<void()> watch, absl::Duration period)
       : watch_(std::move(watch)), period_(period) {}
   Canceller(const Canceller&) = delete;
