@@ -283,6 +283,15 @@ TEST_F(ComputeTest, DownloadToFillsTheCallersMemory) {
   EXPECT_TRUE(std::string(out.begin(), out.end()) == data);
 }
 
+// A Canceller whose watch, called every 20 ms, cancels on its third call.
+struct CancelOnThirdWatch {
+  int watched = 0;
+  Canceller cancel{[this] {
+                     if (++watched == 3) cancel.Cancel();
+                   },
+                   absl::Milliseconds(20)};
+};
+
 TEST_F(ComputeTest, ACancellerEndsAStreamedTransfer) {
   // Client::Canceller (what the Python package's Ctrl-C uses): a transfer it cancels ends
   // CANCELLED, an upload cancelled midway leaves no tensor, and one cancelled before it starts
@@ -332,34 +341,20 @@ TEST_F(ComputeTest, ACancellerEndsAStreamedTransfer) {
   {
     // A watch, called while the call waits, may cancel it: a server that stopped answering
     // (SIGSTOP) does not hold the caller past its watch (the Python package's Ctrl-C).
-    int watched = 0;
-    Canceller* self = nullptr;
-    Canceller cancel(
-        [&] {
-          if (++watched == 3) self->Cancel();
-        },
-        absl::Milliseconds(20));
-    self = &cancel;
+    CancelOnThirdWatch third;
     ASSERT_EQ(kill(server_->pid(), SIGSTOP), 0);
     const absl::Time started = absl::Now();
-    auto read = tenant_->Download(info->handle(), 0, 0, 0, nullptr, &cancel);
+    auto read = tenant_->Download(info->handle(), 0, 0, 0, nullptr, &third.cancel);
     const absl::Duration took = absl::Now() - started;
     ASSERT_EQ(kill(server_->pid(), SIGCONT), 0);
     EXPECT_EQ(read.status().code(), absl::StatusCode::kCancelled) << read.status();
-    EXPECT_GE(watched, 3);
+    EXPECT_GE(third.watched, 3);
     EXPECT_LT(took, absl::Seconds(10));
   }
   {
     // The watch also runs while the call never waits long: here each chunk's progress takes
     // 2 ms and every wait is short, yet the watch comes every 20 ms and cancels.
-    int watched = 0;
-    Canceller* self = nullptr;
-    Canceller cancel(
-        [&] {
-          if (++watched == 3) self->Cancel();
-        },
-        absl::Milliseconds(20));
-    self = &cancel;
+    CancelOnThirdWatch third;
     int chunks = 0;
     auto read = tenant_->Download(
         info->handle(), 0, 0, 64 << 10,
@@ -367,9 +362,9 @@ TEST_F(ComputeTest, ACancellerEndsAStreamedTransfer) {
           ++chunks;
           absl::SleepFor(absl::Milliseconds(2));
         },
-        &cancel);
+        &third.cancel);
     EXPECT_EQ(read.status().code(), absl::StatusCode::kCancelled) << read.status();
-    EXPECT_GE(watched, 3);
+    EXPECT_GE(third.watched, 3);
     EXPECT_LT(chunks, static_cast<int>(size / (64 << 10)));
   }
   // Only the first tensor is left, once the server has heard of the cancelled upload.

@@ -828,8 +828,8 @@ class Client(_Base):
             return conn.native
 
     def _native_call(self, conn: _Connection, call: Callable[[Any, bool], T]) -> T:
-        """``call(channel, interruptible)`` on ``conn``'s native channel, its failures as grpc.RpcError (so
-        that ``_run`` follows the tenant as it does for grpcio's)."""
+        """``call(channel, interruptible)`` on ``conn``'s native channel, its failures as
+        grpc.RpcError (so that ``_run`` follows the tenant as it does for grpcio's)."""
         channel = self._native_of(conn)
         try:
             # On the main thread the library's transfer runs Python's signal handlers every
